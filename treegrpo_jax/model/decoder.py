@@ -1,0 +1,217 @@
+"""Flax NNX decoder for the Llama / Qwen2 family (SmolLM2 is a Llama).
+
+Legend: B rows, T query tokens, C chunk tokens, S slots (= rows of a cached call),
+U key tokens, E embed, F mlp, H query heads, K kv heads, G = H/K heads per kv head,
+D head dim, V vocab, L layers.
+
+Layers are stored stacked (every layer parameter has a leading L axis) and run under
+`jax.lax.scan`, so compile time does not grow with depth and a KV cache is one array
+per K and V. Matmuls run in `cfg.dtype`; RMSNorm, softmax, RoPE and logits are f32.
+
+Three entry points:
+  * `__call__(tokens, positions, mask)`: full-sequence forward with explicit positions
+    and a [B, T, T] attention mask (so packed and tree-shaped batches are possible);
+  * `append(tokens, chunk_lens, cache)`: write a ragged chunk into every slot at the
+    slot's own offset and return logits (prefill, observations, and — with C=1 — decode);
+  * `decode(tokens, cache, active)`: one token per slot, convenience over `append`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Int
+
+from treegrpo_jax.model import rope
+from treegrpo_jax.model.cache import KVCache
+from treegrpo_jax.model.config import ModelConfig
+
+_NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
+
+
+def _rms_norm(x: Array, weight: Array, eps: float) -> Array:
+    xf = x.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight.astype(jnp.float32) * normed
+
+
+class Decoder(nnx.Module):
+    """The policy / reference model. Parameters carry logical axis names in `axes`."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        e, f, h, k, d, v, n = (
+            cfg.embed_dim,
+            cfg.mlp_dim,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.vocab_size,
+            cfg.num_layers,
+        )
+        pdt = cfg.jnp_param_dtype
+        init = jax.nn.initializers.normal(0.02)
+
+        def param(shape, axes, kind="w"):
+            if kind == "w":
+                value = init(rngs.params(), shape, pdt)
+            else:
+                value = (jnp.ones if kind == "one" else jnp.zeros)(shape, pdt)
+            return nnx.Param(value, axes=axes)
+
+        self.embed = param((v, e), ("vocab", "embed"))
+        self.attn_norm = param((n, e), ("layers", None), "one")
+        self.wq = param((n, e, h, d), ("layers", "embed", "heads", "head_dim"))
+        self.wk = param((n, e, k, d), ("layers", "embed", "kv_heads", "head_dim"))
+        self.wv = param((n, e, k, d), ("layers", "embed", "kv_heads", "head_dim"))
+        if cfg.qkv_bias:
+            self.bq = param((n, h, d), ("layers", "heads", "head_dim"), "zero")
+            self.bk = param((n, k, d), ("layers", "kv_heads", "head_dim"), "zero")
+            self.bv = param((n, k, d), ("layers", "kv_heads", "head_dim"), "zero")
+        self.wo = param((n, h, d, e), ("layers", "heads", "head_dim", "embed"))
+        self.mlp_norm = param((n, e), ("layers", None), "one")
+        self.w_gate = param((n, e, f), ("layers", "embed", "mlp"))
+        self.w_up = param((n, e, f), ("layers", "embed", "mlp"))
+        self.w_down = param((n, f, e), ("layers", "mlp", "embed"))
+        self.final_norm = param((e,), (None,), "one")
+        if not cfg.tie_embeddings:
+            self.lm_head = param((e, v), ("embed", "vocab"))
+        self._inv_freq = rope.inv_frequencies(cfg)  # static NumPy, not a parameter
+
+    # ----------------------------------------------------------------- pieces
+    def _layer_params(self) -> dict[str, Array]:
+        names = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"]
+        if self.cfg.qkv_bias:
+            names += ["bq", "bk", "bv"]
+        return {name: getattr(self, name)[...] for name in names}
+
+    def _qkv(self, p, x_BTE, cos, sin):
+        cfg, dt = self.cfg, self.cfg.jnp_dtype
+        h = _rms_norm(x_BTE, p["attn_norm"], cfg.rms_norm_eps).astype(dt)
+        q = jnp.einsum("bte,ehd->bthd", h, p["wq"].astype(dt))
+        k = jnp.einsum("bte,ekd->btkd", h, p["wk"].astype(dt))
+        v = jnp.einsum("bte,ekd->btkd", h, p["wv"].astype(dt))
+        if cfg.qkv_bias:
+            q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
+        return rope.apply_rotary(q, cos, sin), rope.apply_rotary(k, cos, sin), v
+
+    def _attend(self, q_BTHD, k_BUKD, v_BUKD, mask_BTU) -> Array:
+        cfg = self.cfg
+        b, t, _, d = q_BTHD.shape
+        g = cfg.num_heads // cfg.num_kv_heads
+        q = q_BTHD.reshape(b, t, cfg.num_kv_heads, g, d)
+        scores = jnp.einsum("btkgd,bukd->bkgtu", q, k_BUKD, preferred_element_type=jnp.float32)
+        scores = scores * (d**-0.5)
+        scores = jnp.where(mask_BTU[:, None, None], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_BUKD.dtype)
+        out = jnp.einsum("bkgtu,bukd->btkgd", probs, v_BUKD)
+        return out.reshape(b, t, cfg.num_heads, d)
+
+    def _finish(self, p, x_BTE, o_BTHD) -> Array:
+        cfg, dt = self.cfg, self.cfg.jnp_dtype
+        x = x_BTE + jnp.einsum("bthd,hde->bte", o_BTHD, p["wo"].astype(dt)).astype(x_BTE.dtype)
+        h = _rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps).astype(dt)
+        gate = jnp.einsum("bte,ef->btf", h, p["w_gate"].astype(dt))
+        up = jnp.einsum("bte,ef->btf", h, p["w_up"].astype(dt))
+        mlp = jnp.einsum("btf,fe->bte", jax.nn.silu(gate) * up, p["w_down"].astype(dt))
+        return x + mlp.astype(x.dtype)
+
+    def _embed(self, tokens: Int[Array, "B T"]) -> Array:
+        # The residual stream is kept in f32 when computing in f32, else in the compute dtype.
+        return jnp.take(self.embed[...], tokens, axis=0).astype(self.cfg.jnp_dtype)
+
+    def logits(self, h_BTE: Float[Array, "B T E"]) -> Float[Array, "B T V"]:
+        """LM head on final hidden states; f32 accumulation so log-probs are exact."""
+        dt = self.cfg.jnp_dtype
+        if self.cfg.tie_embeddings:
+            return jnp.einsum("bte,ve->btv", h_BTE.astype(dt), self.embed[...].astype(dt), preferred_element_type=jnp.float32)
+        return jnp.einsum("bte,ev->btv", h_BTE.astype(dt), self.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
+
+    # ------------------------------------------------------------ entry points
+    def hidden(
+        self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T T"]
+    ) -> Float[Array, "B T E"]:
+        """Final-norm hidden states of a full forward. `mask[b, i, j]`: query i may see key j."""
+        cos, sin = rope.rotary_angles(positions, self._inv_freq)
+
+        def layer(x, p):
+            q, k, v = self._qkv(p, x, cos, sin)
+            return self._finish(p, x, self._attend(q, k, v, mask)), None
+
+        x, _ = jax.lax.scan(layer, self._embed(tokens), self._layer_params())
+        return _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
+
+    def __call__(
+        self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T T"]
+    ) -> Float[Array, "B T V"]:
+        return self.logits(self.hidden(tokens, positions, mask))
+
+    def append(
+        self,
+        tokens: Int[Array, "S C"],
+        chunk_lens: Int[Array, " S"],
+        cache: KVCache,
+        *,
+        attend_len: int | None = None,
+        all_logits: bool = False,
+    ) -> tuple[Array, KVCache]:
+        """Appends `tokens[s, :chunk_lens[s]]` to slot s at offset `cache.lengths[s]`.
+
+        Args:
+          tokens: one row per slot; entries past `chunk_lens[s]` are ignored.
+          chunk_lens: tokens to append per slot (0 leaves the slot untouched).
+          cache: the slot pool.
+          attend_len: static bound on keys to attend over (≥ every slot's new length);
+            attention then reads only `cache[:, :, :attend_len]`.
+          all_logits: return [S, C, V] logits for every chunk position instead of only
+            the last appended one ([S, V]; garbage for slots with chunk_lens == 0).
+
+        Returns:
+          (logits, updated cache).
+        """
+        s, c = tokens.shape
+        u = cache.max_len if attend_len is None else attend_len
+        offsets = cache.lengths
+        positions = offsets[:, None] + jnp.arange(c)[None, :]  # [S, C]
+        valid = jnp.arange(c)[None, :] < chunk_lens[:, None]
+        # Writes past the chunk go to an out-of-range index and are dropped.
+        write_pos = jnp.where(valid, positions, cache.max_len)
+        slot_idx = jnp.broadcast_to(jnp.arange(s)[:, None], (s, c))
+        key_pos = jnp.arange(u)
+        mask = key_pos[None, None, :] <= positions[:, :, None]  # [S, C, U]
+        cos, sin = rope.rotary_angles(positions, self._inv_freq)
+
+        def layer(carry, xs):
+            x, ck, cv = carry
+            p, i = xs
+            q, k, v = self._qkv(p, x, cos, sin)
+            ck = ck.at[i, slot_idx, write_pos].set(k.astype(ck.dtype), mode="drop")
+            cv = cv.at[i, slot_idx, write_pos].set(v.astype(cv.dtype), mode="drop")
+            keys = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :u]
+            values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :u]
+            o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
+            return (self._finish(p, x, o), ck, cv), None
+
+        xs = (self._layer_params(), jnp.arange(self.cfg.num_layers))
+        (x, ck, cv), _ = jax.lax.scan(layer, (self._embed(tokens), cache.k, cache.v), xs)
+        new_cache = KVCache(k=ck, v=cv, lengths=offsets + chunk_lens.astype(offsets.dtype))
+        if not all_logits:
+            last = jnp.clip(chunk_lens - 1, 0, c - 1)
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [S, 1, E]
+        h = _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
+        logits = self.logits(h)
+        return (logits if all_logits else logits[:, 0]), new_cache
+
+    def decode(
+        self, tokens: Int[Array, " S"], cache: KVCache, active: Bool[Array, " S"], *, attend_len: int | None = None
+    ) -> tuple[Float[Array, "S V"], KVCache]:
+        """One token for every active slot; inactive slots are left untouched."""
+        return self.append(tokens[:, None], active.astype(jnp.int32), cache, attend_len=attend_len)
+
+
+def causal_mask(valid: Bool[Array, "B T"]) -> Bool[Array, "B T T"]:
+    """Causal mask for left-aligned rows; padding keys are hidden (padding queries see token 0)."""
+    t = valid.shape[1]
+    tri = jnp.tril(jnp.ones((t, t), bool))
+    return tri[None] & valid[:, None, :] | (~valid[:, :, None] & (jnp.arange(t) == 0)[None, None, :])
