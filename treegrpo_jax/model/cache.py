@@ -40,7 +40,9 @@ def init_cache(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -> KV
     """An empty pool of `num_slots` slots of `max_len` tokens each."""
     shape = (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
     dtype = cfg.jnp_dtype if dtype is None else dtype
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((num_slots,), jnp.int32))
+    return KVCache(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((num_slots,), jnp.int32)
+    )
 
 
 def cache_abstract(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -> KVCache:

@@ -91,7 +91,15 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        for name in ("vocab_size", "embed_dim", "mlp_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "embed_dim",
+            "mlp_dim",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
@@ -148,7 +156,9 @@ class ModelConfig:
         rope_theta = hf.get("rope_theta", scaling.get("rope_theta", 10_000.0))
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
         if rope_type not in {t.value for t in RopeType}:
-            raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {[t.value for t in RopeType]}")
+            raise ValueError(
+                f"unsupported rope_scaling type {rope_type!r}; supported: {[t.value for t in RopeType]}"
+            )
         rope = RopeScaling(
             rope_type=rope_type,
             factor=float(scaling.get("factor", 1.0)),
@@ -214,7 +224,9 @@ class ModelConfig:
         if self.bos_token_id is not None:
             hf["bos_token_id"] = self.bos_token_id
         if self.eos_token_ids:
-            hf["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0]
+            hf["eos_token_id"] = (
+                list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0]
+            )
         return hf
 
 

@@ -77,7 +77,9 @@ class Decoder(nnx.Module):
         self.final_norm = param((e,), (None,), "one")
         if not cfg.tie_embeddings:
             self.lm_head = param((e, v), ("embed", "vocab"))
-        self._inv_freq = rope.inv_frequencies(cfg)  # static NumPy, not a parameter
+        # A hashable tuple marked static: a NumPy attribute would become a state leaf, which
+        # `nnx.eval_shape` turns into a ShapeDtypeStruct (breaking load-into-sharding).
+        self._inv_freq = nnx.static(tuple(rope.inv_frequencies(cfg).tolist()))
 
     # ----------------------------------------------------------------- pieces
     def _layer_params(self) -> dict[str, Array]:
@@ -125,8 +127,15 @@ class Decoder(nnx.Module):
         """LM head on final hidden states; f32 accumulation so log-probs are exact."""
         dt = self.cfg.jnp_dtype
         if self.cfg.tie_embeddings:
-            return jnp.einsum("bte,ve->btv", h_BTE.astype(dt), self.embed[...].astype(dt), preferred_element_type=jnp.float32)
-        return jnp.einsum("bte,ev->btv", h_BTE.astype(dt), self.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
+            return jnp.einsum(
+                "bte,ve->btv",
+                h_BTE.astype(dt),
+                self.embed[...].astype(dt),
+                preferred_element_type=jnp.float32,
+            )
+        return jnp.einsum(
+            "bte,ev->btv", h_BTE.astype(dt), self.lm_head[...].astype(dt), preferred_element_type=jnp.float32
+        )
 
     # ------------------------------------------------------------ entry points
     def hidden(
@@ -204,7 +213,12 @@ class Decoder(nnx.Module):
         return (logits if all_logits else logits[:, 0]), new_cache
 
     def decode(
-        self, tokens: Int[Array, " S"], cache: KVCache, active: Bool[Array, " S"], *, attend_len: int | None = None
+        self,
+        tokens: Int[Array, " S"],
+        cache: KVCache,
+        active: Bool[Array, " S"],
+        *,
+        attend_len: int | None = None,
     ) -> tuple[Float[Array, "S V"], KVCache]:
         """One token for every active slot; inactive slots are left untouched."""
         return self.append(tokens[:, None], active.astype(jnp.int32), cache, attend_len=attend_len)

@@ -36,9 +36,9 @@ def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
     return inv.astype(np.float32)
 
 
-def rotary_angles(positions: Int[Array, "B T"], inv_freq: np.ndarray) -> tuple[Array, Array]:
-    """cos, sin of shape [B, T, D/2] in float32."""
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+def rotary_angles(positions: Int[Array, "B T"], inv_freq) -> tuple[Array, Array]:
+    """cos, sin of shape [B, T, D/2] in float32 (`inv_freq`: array or tuple of floats)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
     return jnp.cos(angles), jnp.sin(angles)
 
 

@@ -58,9 +58,7 @@ def logical_to_spec(
         axes = None if name is None else table[name]
         if axes is not None:
             tup = (axes,) if isinstance(axes, str) else tuple(axes)
-            if used & set(tup):
-                axes = None
-            elif shape is not None and mesh is not None and shape[i] % _axis_size(mesh, tup):
+            if used & set(tup) or shape is not None and mesh is not None and shape[i] % _axis_size(mesh, tup):
                 axes = None
             else:
                 used |= set(tup)
@@ -68,7 +66,9 @@ def logical_to_spec(
     return PartitionSpec(*spec)
 
 
-def named_sharding(names: Sequence[str | None], shape, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+def named_sharding(
+    names: Sequence[str | None], shape, mesh: Mesh, rules: Rules = DEFAULT_RULES
+) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(names, rules, shape=shape, mesh=mesh))
 
 

@@ -1,0 +1,120 @@
+"""Engine: generation, fork + continue equal recomputing from scratch; sampling knobs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from treegrpo_jax.model.build import init_model
+from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.decoder import causal_mask
+from treegrpo_jax.rollout import engine as engine_lib
+from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.generate import generate_ids
+from treegrpo_jax.rollout.sampling import SamplingParams
+
+TINY = ModelConfig(
+    vocab_size=89, embed_dim=32, mlp_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_model(TINY, seed=7)
+
+
+def _greedy_reference(model, prefix, n):
+    """Greedy continuation by recomputing the whole prefix every step (the slow reference)."""
+    seq = list(prefix)
+    for _ in range(n):
+        t = jnp.asarray([seq])
+        logits = model(t, jnp.arange(len(seq))[None], causal_mask(jnp.ones_like(t, bool)))
+        seq.append(int(jnp.argmax(logits[0, -1])))
+    return seq[len(prefix) :]
+
+
+def test_greedy_generation_equals_recompute(model):
+    prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4]]
+    out = generate_ids(model, prompts, max_new_tokens=10)
+    for p, o in zip(prompts, out, strict=True):
+        assert o == _greedy_reference(model, p, 10)
+
+
+def test_fork_then_continue_equals_recompute(model):
+    """A tree: root prompt → chain → fork into 3 branches with different observations."""
+    eng = Engine(model, num_slots=4, max_len=64)
+    greedy = SamplingParams.make(4, greedy=True)
+    keys = jax.random.split(jax.random.key(0), 4)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    eng.append({0: prompt})
+    first = eng.decode([0], max_new_tokens=5, sampling=greedy, keys=keys)
+    node = prompt + first.tokens[0, :5].tolist()
+    eng.fork([0, 0, 0], [1, 2, 3])
+    observations = {
+        1: [10, 11, 12],
+        2: [20],
+        3: [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47],
+    }
+    eng.append(observations)
+    out = eng.decode([1, 2, 3], max_new_tokens=6, sampling=greedy, keys=keys)
+    for slot, obs in observations.items():
+        assert out.tokens[slot, :6].tolist() == _greedy_reference(model, node + obs, 6)
+    # The source slot is unchanged by its children: continuing it matches too.
+    out0 = eng.decode([0], max_new_tokens=4, sampling=greedy, keys=keys)
+    assert out0.tokens[0, :4].tolist() == _greedy_reference(model, node, 4)
+
+
+def test_same_seed_same_samples_and_knobs_do_not_recompile(model):
+    engine_lib._decode.clear_cache()
+
+    def run(seed, temperature, top_p, top_k):
+        eng = Engine(model, num_slots=3, max_len=48)
+        eng.append({0: [1, 2], 1: [3, 4, 5], 2: [6]})
+        sp = SamplingParams.make(3, temperature=temperature, top_p=top_p, top_k=top_k)
+        keys = jax.random.split(jax.random.key(seed), 3)
+        return eng.decode([0, 1, 2], max_new_tokens=16, sampling=sp, keys=keys)
+
+    a, b = run(1, 1.0, 1.0, 0), run(1, 1.0, 1.0, 0)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    c = run(2, 1.0, 1.0, 0)
+    assert not np.array_equal(a.tokens, c.tokens)
+    run(1, [0.5, 1.0, 2.0], [0.9, 1.0, 0.5], [0, 5, 1])
+    assert engine_lib._decode._cache_size() == 1
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(model):
+    ref = generate_ids(model, [[7, 8, 9]], max_new_tokens=8)
+    assert generate_ids(model, [[7, 8, 9]], max_new_tokens=8, temperature=1.0, top_k=1) == ref
+    assert generate_ids(model, [[7, 8, 9]], max_new_tokens=8, temperature=1.0, top_p=1e-6) == ref
+
+
+def test_logprobs_match_log_softmax(model):
+    eng = Engine(model, num_slots=1, max_len=32)
+    eng.append({0: [2, 3, 4]})
+    sp = SamplingParams.make(1, temperature=0.7)
+    out = eng.decode([0], max_new_tokens=5, sampling=sp, keys=jax.random.split(jax.random.key(3), 1))
+    seq = [2, 3, 4] + out.tokens[0, :5].tolist()
+    t = jnp.asarray([seq])
+    logits = model(t, jnp.arange(len(seq))[None], causal_mask(jnp.ones_like(t, bool)))
+    logp = jax.nn.log_softmax(logits[0] / 0.7, axis=-1)
+    want = [float(logp[2 + i, seq[3 + i]]) for i in range(5)]
+    np.testing.assert_allclose(out.logprobs[0, :5], want, atol=1e-5)
+
+
+def test_eos_and_context_limit_stop_rows(model):
+    first = generate_ids(model, [[1, 2, 3]], max_new_tokens=6)[0]
+    eos = first[2]  # pretend the 3rd greedy token is EOS
+    got = generate_ids(model, [[1, 2, 3]], max_new_tokens=6, eos_ids=(eos,))[0]
+    assert got == first[: first.index(eos) + 1]
+    eng = Engine(model, num_slots=1, max_len=8)
+    eng.append({0: [1, 2, 3]})
+    out = eng.decode(
+        [0],
+        max_new_tokens=20,
+        sampling=SamplingParams.make(1, greedy=True),
+        keys=jax.random.split(jax.random.key(0), 1),
+    )
+    assert out.hit_context[0] and eng.lengths[0] + 1 == 8
+    with pytest.raises(ValueError, match="exceed max_len"):
+        eng.append({0: [5, 6]})

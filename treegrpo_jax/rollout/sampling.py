@@ -1,0 +1,86 @@
+"""Per-row sampling: temperature, top-k, top-p and greedy given as arrays.
+
+Legend: S rows (slots), V vocab.
+
+Because every knob is an array (not a Python constant), changing them between calls
+never recompiles. The recorded log-prob is that of the chosen token under the
+temperature-scaled, *unfiltered* distribution — the same quantity the trainer
+recomputes, so the sampler/trainer gap metric compares like with like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: Float[Array, " S"]
+    top_p: Float[Array, " S"]  # 1.0 disables
+    top_k: Int[Array, " S"]  # 0 disables
+    greedy: Bool[Array, " S"]
+
+    @classmethod
+    def make(cls, num_rows: int, *, temperature=1.0, top_p=1.0, top_k=0, greedy=False) -> SamplingParams:
+        """Broadcasts scalars (or per-row sequences) to arrays of `num_rows`."""
+
+        def arr(x, dtype):
+            return jnp.asarray(np.broadcast_to(np.asarray(x, dtype), (num_rows,)))
+
+        if np.any(np.asarray(temperature) < 0):
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if np.any((np.asarray(top_p) <= 0) | (np.asarray(top_p) > 1)):
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        # Temperature 0 means greedy: a common convention users expect.
+        greedy = np.asarray(greedy) | (np.asarray(temperature) == 0)
+        return cls(
+            temperature=arr(np.where(np.asarray(temperature) == 0, 1.0, temperature), np.float32),
+            top_p=arr(top_p, np.float32),
+            top_k=arr(top_k, np.int32),
+            greedy=arr(greedy, np.bool_),
+        )
+
+
+def _filtered_logits(logits: Float[Array, "S V"], params: SamplingParams) -> Array:
+    """Masks tokens outside each row's top-k / nucleus to -inf (one sort per row)."""
+    v = logits.shape[-1]
+    sorted_desc = -jnp.sort(-logits, axis=-1)
+    # top-k: keep logits >= the k-th largest.
+    k = jnp.where(params.top_k > 0, jnp.minimum(params.top_k, v), v)
+    kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)
+    # top-p: smallest prefix whose probability mass reaches top_p (the token crossing it is kept).
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = mass_before < params.top_p[:, None]
+    cutoff = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    threshold = jnp.maximum(kth, cutoff)
+    return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
+def sample(
+    logits: Float[Array, "S V"], keys: Array, params: SamplingParams
+) -> tuple[Int[Array, " S"], Float[Array, " S"]]:
+    """Samples one token per row.
+
+    Args:
+      logits: f32 logits.
+      keys: one PRNG key per row ([S] typed keys).
+      params: per-row knobs.
+
+    Returns:
+      (tokens, log-probs of the tokens under softmax(logits / temperature)).
+    """
+    scaled = logits / params.temperature[:, None]
+    needs_filter = jnp.any((params.top_k > 0) | (params.top_p < 1.0))
+    # The sort is the expensive part; skip it when no row filters.
+    filtered = jax.lax.cond(needs_filter, lambda: _filtered_logits(scaled, params), lambda: scaled)
+    sampled = jax.vmap(jax.random.categorical)(keys, filtered)
+    tokens = jnp.where(params.greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
