@@ -105,7 +105,8 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"ModelConfig.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+                f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
             )
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")

@@ -48,8 +48,9 @@ class MeshConfig:
         return self.shape
 
 
-def make_mesh(cfg: MeshConfig = MeshConfig(), devices: list | None = None) -> Mesh:
+def make_mesh(cfg: MeshConfig | None = None, devices: list | None = None) -> Mesh:
     """Builds the ('data', 'fsdp', 'tensor') mesh over `devices` (default: all devices)."""
+    cfg = MeshConfig() if cfg is None else cfg
     devices = list(jax.devices() if devices is None else devices)
     shape = cfg.resolve(len(devices))
     if devices == list(jax.devices()):
