@@ -25,6 +25,7 @@ from flax import nnx
 
 from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
 from treegrpo_jax.model.decoder import Decoder
+from treegrpo_jax.rollout import stops as stops_lib
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
 
 
@@ -44,6 +45,7 @@ class DecodeResult:
     logprobs: np.ndarray  # [S, N] float32
     num_tokens: np.ndarray  # [S] int32
     hit_eos: np.ndarray  # [S] bool
+    hit_stop: np.ndarray  # [S] bool: generation ended with a stop string
     hit_context: np.ndarray  # [S] bool: the slot is full
 
 
@@ -58,7 +60,19 @@ def _append(graphdef, state, cache: KVCache, tokens, chunk_lens):
     jax.jit, static_argnames=("graphdef", "num_steps", "attend_len"), donate_argnames=("cache",)
 )
 def _decode(
-    graphdef, state, cache, pending, active, keys, sampling, budget, eos_ids, *, num_steps, attend_len
+    graphdef,
+    state,
+    cache,
+    pending,
+    active,
+    keys,
+    sampling,
+    budget,
+    eos_ids,
+    stop_table,
+    *,
+    num_steps,
+    attend_len,
 ):
     model = nnx.merge(graphdef, state)
     s = pending.shape[0]
@@ -68,7 +82,7 @@ def _decode(
         return (step < num_steps) & jnp.any(active)
 
     def body(carry):
-        step, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit = carry
+        step, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit, window, stop_hit = carry
         logits, cache = model.decode(pending, cache, active, attend_len=attend_len)
         # Fold the write position into the row's key: a row's stream depends only on its own
         # history, not on which other rows share the batch.
@@ -79,12 +93,15 @@ def _decode(
         count = count + active
         pending = jnp.where(active, tok, pending)
         is_eos = active & jnp.isin(tok, eos_ids)
+        window, is_stop = stops_lib.push(window, tok, stop_table)
+        is_stop = active & is_stop & ~is_eos
+        stop_hit |= is_stop
         # The pending token needs one free position to be written later.
         full = active & (cache.lengths + 1 >= cache.max_len)
         eos_hit |= is_eos
-        ctx_hit |= full & ~is_eos
-        active = active & ~is_eos & ~full & (count < budget)
-        return step + 1, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit
+        ctx_hit |= full & ~is_eos & ~is_stop
+        active = active & ~is_eos & ~is_stop & ~full & (count < budget)
+        return step + 1, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit, window, stop_hit
 
     init = (
         jnp.int32(0),
@@ -96,9 +113,12 @@ def _decode(
         jnp.zeros((s,), jnp.int32),
         jnp.zeros((s,), bool),
         jnp.zeros((s,), bool),
+        stops_lib.empty_window(s, stop_table),
+        jnp.zeros((s,), bool),
     )
-    _, cache, pending, _, out_tok, out_logp, count, eos_hit, ctx_hit = jax.lax.while_loop(cond, body, init)
-    return cache, pending, out_tok, out_logp, count, eos_hit, ctx_hit
+    out = jax.lax.while_loop(cond, body, init)
+    _, cache, pending, _, out_tok, out_logp, count, eos_hit, ctx_hit, _, stop_hit = out
+    return cache, pending, out_tok, out_logp, count, eos_hit, ctx_hit, stop_hit
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -113,13 +133,23 @@ class Engine:
     scheduling decisions never wait on the device.
     """
 
-    def __init__(self, model: Decoder, *, num_slots: int, max_len: int, eos_ids=(), min_chunk: int = 16):
+    def __init__(
+        self,
+        model: Decoder,
+        *,
+        num_slots: int,
+        max_len: int,
+        eos_ids=(),
+        stop_table: stops_lib.StopTable | None = None,
+        min_chunk: int = 16,
+    ):
         if num_slots <= 0 or max_len <= 1:
             raise ValueError(f"Engine needs num_slots > 0 and max_len > 1, got {num_slots}, {max_len}")
         self.graphdef, self.state = nnx.split(model)
         self.cfg = model.cfg
         self.num_slots, self.max_len, self.min_chunk = num_slots, max_len, min_chunk
         self.eos_ids = jnp.asarray(tuple(eos_ids) or (-1,), jnp.int32)
+        self.stop_table = stop_table or stops_lib.make_stop_table([], (), vocab_size=1)
         self.cache = init_cache(model.cfg, num_slots, max_len)
         self.lengths = np.zeros(num_slots, np.int64)  # tokens in the cache (pending excluded)
         self.pending = np.full(num_slots, -1, np.int64)  # -1: slot holds no sequence
@@ -196,10 +226,11 @@ class Engine:
             sampling,
             jnp.asarray(budget),
             self.eos_ids,
+            self.stop_table,
             num_steps=steps,
             attend_len=attend,
         )
-        self.cache, pending, tok, logp, count, eos_hit, ctx_hit = out
+        self.cache, pending, tok, logp, count, eos_hit, ctx_hit, stop_hit = out
         count = np.asarray(count)
         self.lengths += count  # each generated token wrote the previous pending one
         self.pending = np.where(active, np.asarray(pending), self.pending)
@@ -208,6 +239,7 @@ class Engine:
             logprobs=np.asarray(logp),
             num_tokens=count,
             hit_eos=np.asarray(eos_hit),
+            hit_stop=np.asarray(stop_hit),
             hit_context=np.asarray(ctx_hit),
         )
 

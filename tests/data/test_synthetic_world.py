@@ -1,0 +1,204 @@
+"""Tests for the synthetic world: determinism, hop structure, no shortcuts, BM25 findability."""
+
+import json
+import re
+
+import bm25s
+import numpy as np
+import pytest
+
+from treegrpo_jax.data import Kind, WorldConfig, build_world, read_jsonl, write_world
+from treegrpo_jax.data.synthetic_entities import ATTRIBUTES, LINKS
+from treegrpo_jax.data.synthetic_world import main
+
+SMALL = WorldConfig(
+    seed=3,
+    num_countries=4,
+    num_cities=12,
+    num_people=30,
+    num_organisations=10,
+    num_works=20,
+    questions_per_hop=(40, 40, 40, 40),
+    test_fraction=0.25,
+)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(WorldConfig())  # the default sizes, as the tiny config uses them
+
+
+def _all_rows(world):
+    return world.train + world.test
+
+
+def test_same_seed_gives_identical_files_other_seed_differs(tmp_path):
+    write_world(SMALL, tmp_path / "a")
+    write_world(SMALL, tmp_path / "b")
+    write_world(WorldConfig(**{**SMALL.__dict__, "seed": 4}), tmp_path / "c")
+    for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):
+        a = (tmp_path / "a" / name).read_bytes()
+        assert a == (tmp_path / "b" / name).read_bytes()
+        assert a != (tmp_path / "c" / name).read_bytes()
+
+
+def test_default_sizes(world):
+    assert len(world.entities) == len(world.passages) == 350
+    assert len(world.train) == 2880 and len(world.test) == 320
+    for hops in range(1, 5):
+        assert sum(r.hops == hops for r in world.test) == 80
+        assert sum(r.hops == hops for r in _all_rows(world)) == 800
+    assert not {r.question for r in world.train} & {r.question for r in world.test}
+    assert len({r.id for r in _all_rows(world)}) == 3200
+
+
+def _invented_words(entity):
+    """The syllable-made words of a name (not the shared "Guild", "The ... of")."""
+    words = entity.name.split()
+    if entity.kind is Kind.ORGANISATION:
+        return words[:1]
+    if entity.kind is Kind.WORK:
+        return words[-1:]
+    return words
+
+
+def test_names_are_unique_and_never_inside_one_another(world):
+    names = [e.name.lower() for e in world.entities]
+    assert len(set(names)) == len(names)
+    for a in names:
+        for b in names:
+            assert a == b or a not in b, (a, b)
+    words = sorted((w.lower() for e in world.entities for w in _invented_words(e)), key=len)
+    assert len(set(words)) == len(words)
+    for i, short in enumerate(words):
+        for long in words[i + 1 :]:
+            assert short not in long, (short, long)
+
+
+def test_corpus_layout_title_then_text(tmp_path):
+    world = write_world(SMALL, tmp_path)
+    lines = (tmp_path / "corpus.jsonl").read_text("utf-8").splitlines()
+    assert len(lines) == len(world.entities)
+    for i, line in enumerate(lines):
+        record = json.loads(line)
+        assert list(record) == ["id", "contents"] and record["id"] == str(i)
+        title, text = record["contents"].split("\n")
+        assert title == world.entities[i].name
+        assert text.count(world.entities[i].name) >= 3  # named in every sentence: BM25 finds it
+    # The question files read back through the ordinary JSONL reader without a bad row.
+    for split in ("train", "test"):
+        result = read_jsonl(tmp_path / f"{split}.jsonl")
+        assert result.rows == getattr(world, split)
+
+
+def _yield_of(entity, world, found):
+    """True if `found` is what one hop from `entity` gives: a related entity's name or an attribute."""
+    related = {world.entities[t].name for t in entity.relations.values()}
+    return found in related or found in entity.attributes.values()
+
+
+def _whole_word(text, phrase):
+    return re.search(rf"(?<!\w){re.escape(phrase.lower())}(?!\w)", text.lower()) is not None
+
+
+def test_gold_paths_follow_relations_and_count_hops(world):
+    for row in _all_rows(world):
+        assert row.data_source == f"synthetic_{row.hops}hop"
+        assert len(row.gold_queries) == len(row.gold_entities) == row.hops
+        assert row.gold_entities[-1] == row.golden_answers[0]
+        assert row.gold_queries[1:] == row.gold_entities[:-1]  # each bridge is the next query
+        start = world.entity_by_name(row.gold_queries[0])
+        assert start.name in row.question or start.mention in row.question
+        for query, found in zip(row.gold_queries, row.gold_entities, strict=True):
+            entity = world.entity_by_name(query)
+            assert _yield_of(entity, world, found), (row, query, found)
+            assert _whole_word(world.passages[entity.index], found)  # the hop's passage holds it
+
+
+def test_no_shortcuts_multi_hop_answers_not_in_earlier_passages(world):
+    multi = [r for r in _all_rows(world) if r.hops > 1]
+    assert multi
+    for row in multi:
+        first = world.passages[world.entity_by_name(row.gold_queries[0]).index]
+        assert not _whole_word(first, row.golden_answers[0]), row
+        for j, found in enumerate(row.gold_entities):
+            for query in row.gold_queries[:j]:
+                assert not _whole_word(world.passages[world.entity_by_name(query).index], found), (row, j)
+        assert len(set(row.gold_queries) | {row.golden_answers[0]}) == row.hops + 1  # no cycles
+
+
+def test_relations_are_consistent_with_kinds_and_dates(world):
+    for e in world.entities:
+        for relation, target in e.relations.items():
+            assert (e.kind, world.entities[target].kind) == LINKS[relation]
+        for attribute in e.attributes:
+            assert ATTRIBUTES[attribute] is e.kind
+        if e.kind is Kind.ORGANISATION:
+            founder = world.entities[e.relations["founder"]]
+            assert int(e.attributes["founding_year"]) > int(founder.attributes["birth_year"])
+        if e.kind is Kind.WORK:
+            year = int(e.attributes["publication_year"])
+            assert year > int(world.entities[e.relations["author"]].attributes["birth_year"])
+            assert year >= int(world.entities[e.relations["publisher"]].attributes["founding_year"])
+        if e.kind is Kind.COUNTRY:
+            capital = world.entities[e.relations["capital"]]
+            assert capital.relations["country"] == e.index
+
+
+@pytest.mark.parametrize("stopwords", [None, "en"])
+def test_bm25_with_the_entity_name_ranks_its_passage_first(world, stopwords):
+    retriever = bm25s.BM25()
+    retriever.index(
+        bm25s.tokenize(list(world.passages), stopwords=stopwords, show_progress=False), show_progress=False
+    )
+    queries = [e.name for e in world.entities]
+    results, _ = retriever.retrieve(
+        bm25s.tokenize(queries, stopwords=stopwords, show_progress=False), k=1, show_progress=False
+    )
+    top1 = float(np.mean(results[:, 0] == np.arange(len(queries))))
+    assert top1 == 1.0
+
+
+def test_cli_writes_the_world(tmp_path, capsys):
+    main(
+        [
+            "--out",
+            str(tmp_path),
+            "--seed=3",
+            "--num_people=30",
+            "--num_cities=12",
+            "--num_countries=4",
+            "--num_organisations=10",
+            "--num_works=20",
+            "--questions_per_hop=40,40,40,40",
+            "--test_fraction=0.25",
+        ]
+    )
+    assert "76 passages, 120 train / 40 test" in capsys.readouterr().out
+    assert (tmp_path / "train.jsonl").read_bytes() == _written(SMALL, tmp_path / "lib")
+
+
+def _written(cfg, out):
+    write_world(cfg, out)
+    return (out / "train.jsonl").read_bytes()
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_people"):
+        WorldConfig(num_people=0)
+    with pytest.raises(ValueError, match="num_cities"):
+        WorldConfig(num_countries=5, num_cities=4)
+    with pytest.raises(ValueError, match="questions_per_hop"):
+        WorldConfig(questions_per_hop=(1, 1, 1, 1, 1))
+    with pytest.raises(ValueError, match="test_fraction"):
+        WorldConfig(test_fraction=1.0)
+    tiny = WorldConfig(
+        num_countries=1,
+        num_cities=1,
+        num_people=2,
+        num_organisations=1,
+        num_works=1,
+        questions_per_hop=(60,),
+    )
+    with pytest.raises(ValueError, match="questions_per_hop: found only"):
+        build_world(tiny)

@@ -1,0 +1,1 @@
+"""Tests for treegrpo_jax.env."""
