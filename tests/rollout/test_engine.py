@@ -43,11 +43,12 @@ def test_greedy_generation_equals_recompute(model):
 def test_fork_then_continue_equals_recompute(model):
     """A tree: root prompt → chain → fork into 3 branches with different observations."""
     eng = Engine(model, num_slots=4, max_len=64)
-    greedy = SamplingParams.make(4, greedy=True)
+    greedy = SamplingParams.make(3, greedy=True)
+    greedy1 = SamplingParams.make(1, greedy=True)
     keys = jax.random.split(jax.random.key(0), 4)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     eng.append({0: prompt})
-    first = eng.decode([0], max_new_tokens=5, sampling=greedy, keys=keys)
+    first = eng.decode([0], max_new_tokens=5, sampling=greedy1, keys=keys[:1])
     node = prompt + first.tokens[0, :5].tolist()
     eng.fork([0, 0, 0], [1, 2, 3])
     observations = {
@@ -56,11 +57,11 @@ def test_fork_then_continue_equals_recompute(model):
         3: [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47],
     }
     eng.append(observations)
-    out = eng.decode([1, 2, 3], max_new_tokens=6, sampling=greedy, keys=keys)
-    for slot, obs in observations.items():
-        assert out.tokens[slot, :6].tolist() == _greedy_reference(model, node + obs, 6)
+    out = eng.decode([1, 2, 3], max_new_tokens=6, sampling=greedy, keys=keys[:3])
+    for row, obs in enumerate(observations.values()):
+        assert out.tokens[row, :6].tolist() == _greedy_reference(model, node + obs, 6)
     # The source slot is unchanged by its children: continuing it matches too.
-    out0 = eng.decode([0], max_new_tokens=4, sampling=greedy, keys=keys)
+    out0 = eng.decode([0], max_new_tokens=4, sampling=greedy1, keys=keys[:1])
     assert out0.tokens[0, :4].tolist() == _greedy_reference(model, node, 4)
 
 
@@ -115,6 +116,51 @@ def test_eos_and_context_limit_stop_rows(model):
         sampling=SamplingParams.make(1, greedy=True),
         keys=jax.random.split(jax.random.key(0), 1),
     )
-    assert out.hit_context[0] and eng.lengths[0] + 1 == 8
+    assert out.hit_context[0] and eng.lengths[0] + 1 == 8 and eng.room(0) == 0
     with pytest.raises(ValueError, match="exceed max_len"):
         eng.append({0: [5, 6]})
+
+
+def test_fork_from_a_prefix_of_a_longer_sequence_equals_recompute(model):
+    """Branching from an inner node: copy a descendant's slot, cut to the node's prefix."""
+    eng = Engine(model, num_slots=3, max_len=64, min_rows=2)
+    greedy1 = SamplingParams.make(1, greedy=True)
+    key = jax.random.split(jax.random.key(0), 1)
+    (a,) = eng.allocate(1)
+    prompt = [5, 4, 3, 2, 1]
+    eng.append({a: prompt})
+    step1 = eng.decode([a], max_new_tokens=4, sampling=greedy1, keys=key).row(0)[0]
+    eng.append({a: [40, 41]})  # an observation
+    eng.decode([a], max_new_tokens=5, sampling=greedy1, keys=key)
+    node = prompt + step1 + [40, 41]  # the inner node's full prefix, observation included
+    b, c = eng.allocate(2)
+    eng.fork([a, a], [b, c], prefix=[node, prompt + step1[:2]])
+    eng.append({c: [77]})
+    out = eng.decode(
+        [b, c],
+        max_new_tokens=6,
+        sampling=SamplingParams.make(2, greedy=True),
+        keys=jnp.concatenate([key, key]),
+    )
+    assert out.row(0)[0] == _greedy_reference(model, node, 6)
+    assert out.row(1)[0] == _greedy_reference(model, prompt + step1[:2] + [77], 6)
+    assert eng.stats.forked_tokens == len(node) + len(prompt) + 2
+
+
+def test_slots_allocate_free_and_reuse(model):
+    eng = Engine(model, num_slots=2, max_len=32)
+    s0, s1 = eng.allocate(2)
+    with pytest.raises(engine_lib.OutOfSlotsError, match="asked for 1 slots, 0 of 2 free"):
+        eng.allocate(1)
+    eng.append({s0: [1, 2, 3, 4, 5, 6], s1: [9, 9]})
+    eng.free([s0])
+    (again,) = eng.allocate(1)
+    assert again == s0
+    eng.append({again: [7, 8]})  # a fresh sequence: the old one must not leak into it
+    out = eng.decode(
+        [again],
+        max_new_tokens=5,
+        sampling=SamplingParams.make(1, greedy=True),
+        keys=jax.random.split(jax.random.key(0), 1),
+    )
+    assert out.row(0)[0] == _greedy_reference(model, [7, 8], 5)

@@ -1,6 +1,6 @@
 """Flax NNX decoder for the Llama / Qwen2 family (SmolLM2 is a Llama).
 
-Legend: B rows, T query tokens, C chunk tokens, S slots (= rows of a cached call),
+Legend: B rows, T query tokens, C chunk tokens, S cache slots (row b of a cached call writes slot `slots[b]`),
 U key tokens, E embed, F mlp, H query heads, K kv heads, G = H/K heads per kv head,
 D head dim, V vocab, L layers.
 
@@ -158,37 +158,41 @@ class Decoder(nnx.Module):
 
     def append(
         self,
-        tokens: Int[Array, "S C"],
-        chunk_lens: Int[Array, " S"],
+        tokens: Int[Array, "B C"],
+        chunk_lens: Int[Array, " B"],
         cache: KVCache,
         *,
+        slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
         all_logits: bool = False,
     ) -> tuple[Array, KVCache]:
-        """Appends `tokens[s, :chunk_lens[s]]` to slot s at offset `cache.lengths[s]`.
+        """Appends `tokens[b, :chunk_lens[b]]` to slot `slots[b]` at that slot's own offset.
 
         Args:
-          tokens: one row per slot; entries past `chunk_lens[s]` are ignored.
-          chunk_lens: tokens to append per slot (0 leaves the slot untouched).
+          tokens: one row per written slot; entries past `chunk_lens[b]` are ignored.
+          chunk_lens: tokens to append per row (0 leaves the slot untouched).
           cache: the slot pool.
-          attend_len: static bound on keys to attend over (≥ every slot's new length);
-            attention then reads only `cache[:, :, :attend_len]`.
-          all_logits: return [S, C, V] logits for every chunk position instead of only
-            the last appended one ([S, V]; garbage for slots with chunk_lens == 0).
+          slots: the slot of each row (default: row b is slot b, B == S). A row whose slot is
+            out of range (≥ S) is padding: its writes are dropped.
+          attend_len: static bound on keys to attend over (≥ every written slot's new
+            length); attention then reads only the first `attend_len` positions.
+          all_logits: return [B, C, V] logits for every chunk position instead of only
+            the last appended one ([B, V]; garbage for rows with chunk_lens == 0).
 
         Returns:
           (logits, updated cache).
         """
-        s, c = tokens.shape
+        b, c = tokens.shape
         u = cache.max_len if attend_len is None else attend_len
-        offsets = cache.lengths
-        positions = offsets[:, None] + jnp.arange(c)[None, :]  # [S, C]
+        rows_are_slots = slots is None
+        slots = jnp.arange(b) if rows_are_slots else slots
+        offsets = cache.lengths[jnp.minimum(slots, cache.num_slots - 1)]
+        positions = offsets[:, None] + jnp.arange(c)[None, :]  # [B, C]
         valid = jnp.arange(c)[None, :] < chunk_lens[:, None]
-        # Writes past the chunk go to an out-of-range index and are dropped.
+        # Writes past the chunk (or of padding rows) go out of range and are dropped.
         write_pos = jnp.where(valid, positions, cache.max_len)
-        slot_idx = jnp.broadcast_to(jnp.arange(s)[:, None], (s, c))
-        key_pos = jnp.arange(u)
-        mask = key_pos[None, None, :] <= positions[:, :, None]  # [S, C, U]
+        slot_idx = jnp.broadcast_to(slots[:, None], (b, c))
+        mask = jnp.arange(u)[None, None, :] <= positions[:, :, None]  # [B, C, U]
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
 
         def layer(carry, xs):
@@ -199,29 +203,35 @@ class Decoder(nnx.Module):
             cv = cv.at[i, slot_idx, write_pos].set(v.astype(cv.dtype), mode="drop")
             keys = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :u]
             values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :u]
+            if not rows_are_slots:  # gather only the rows' slots (a batch smaller than the pool)
+                keys, values = keys[slots], values[slots]
             o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
             return (self._finish(p, x, o), ck, cv), None
 
         xs = (self._layer_params(), jnp.arange(self.cfg.num_layers))
         (x, ck, cv), _ = jax.lax.scan(layer, (self._embed(tokens), cache.k, cache.v), xs)
-        new_cache = KVCache(k=ck, v=cv, lengths=offsets + chunk_lens.astype(offsets.dtype))
+        lengths = cache.lengths.at[slots].add(chunk_lens.astype(cache.lengths.dtype), mode="drop")
+        new_cache = KVCache(k=ck, v=cv, lengths=lengths)
         if not all_logits:
             last = jnp.clip(chunk_lens - 1, 0, c - 1)
-            x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [S, 1, E]
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, E]
         h = _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
         logits = self.logits(h)
         return (logits if all_logits else logits[:, 0]), new_cache
 
     def decode(
         self,
-        tokens: Int[Array, " S"],
+        tokens: Int[Array, " B"],
         cache: KVCache,
-        active: Bool[Array, " S"],
+        active: Bool[Array, " B"],
         *,
+        slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
-    ) -> tuple[Float[Array, "S V"], KVCache]:
-        """One token for every active slot; inactive slots are left untouched."""
-        return self.append(tokens[:, None], active.astype(jnp.int32), cache, attend_len=attend_len)
+    ) -> tuple[Float[Array, "B V"], KVCache]:
+        """One token for every active row (into its slot); inactive rows leave the cache untouched."""
+        return self.append(
+            tokens[:, None], active.astype(jnp.int32), cache, slots=slots, attend_len=attend_len
+        )
 
 
 def causal_mask(valid: Bool[Array, "B T"]) -> Bool[Array, "B T T"]:

@@ -48,6 +48,7 @@ class Node:
     tool_calls: int = 0  # searches on the path root→this node, this node included
     is_leaf: bool = False
     reward: float | None = None  # training reward, set on leaves
+    em: float | None = None  # evaluation exact match of the leaf's answer
     children: list[int] = dataclasses.field(default_factory=list)
 
 
