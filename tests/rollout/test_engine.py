@@ -7,11 +7,12 @@ import pytest
 
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
-from treegrpo_jax.model.decoder import causal_mask
 from treegrpo_jax.rollout import engine as engine_lib
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.generate import generate_ids
 from treegrpo_jax.rollout.sampling import SamplingParams
+
+from .reference import full_logits, greedy_reference
 
 TINY = ModelConfig(
     vocab_size=89, embed_dim=32, mlp_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
@@ -23,21 +24,11 @@ def model():
     return init_model(TINY, seed=7)
 
 
-def _greedy_reference(model, prefix, n):
-    """Greedy continuation by recomputing the whole prefix every step (the slow reference)."""
-    seq = list(prefix)
-    for _ in range(n):
-        t = jnp.asarray([seq])
-        logits = model(t, jnp.arange(len(seq))[None], causal_mask(jnp.ones_like(t, bool)))
-        seq.append(int(jnp.argmax(logits[0, -1])))
-    return seq[len(prefix) :]
-
-
 def test_greedy_generation_equals_recompute(model):
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4]]
     out = generate_ids(model, prompts, max_new_tokens=10)
     for p, o in zip(prompts, out, strict=True):
-        assert o == _greedy_reference(model, p, 10)
+        assert o == greedy_reference(model, p, 10)
 
 
 def test_fork_then_continue_equals_recompute(model):
@@ -59,10 +50,10 @@ def test_fork_then_continue_equals_recompute(model):
     eng.append(observations)
     out = eng.decode([1, 2, 3], max_new_tokens=6, sampling=greedy, keys=keys[:3])
     for row, obs in enumerate(observations.values()):
-        assert out.tokens[row, :6].tolist() == _greedy_reference(model, node + obs, 6)
+        assert out.tokens[row, :6].tolist() == greedy_reference(model, node + obs, 6)
     # The source slot is unchanged by its children: continuing it matches too.
     out0 = eng.decode([0], max_new_tokens=4, sampling=greedy1, keys=keys[:1])
-    assert out0.tokens[0, :4].tolist() == _greedy_reference(model, node, 4)
+    assert out0.tokens[0, :4].tolist() == greedy_reference(model, node, 4)
 
 
 def test_same_seed_same_samples_and_knobs_do_not_recompile(model):
@@ -96,9 +87,7 @@ def test_logprobs_match_log_softmax(model):
     sp = SamplingParams.make(1, temperature=0.7)
     out = eng.decode([0], max_new_tokens=5, sampling=sp, keys=jax.random.split(jax.random.key(3), 1))
     seq = [2, 3, 4] + out.tokens[0, :5].tolist()
-    t = jnp.asarray([seq])
-    logits = model(t, jnp.arange(len(seq))[None], causal_mask(jnp.ones_like(t, bool)))
-    logp = jax.nn.log_softmax(logits[0] / 0.7, axis=-1)
+    logp = jax.nn.log_softmax(full_logits(model, seq) / 0.7, axis=-1)
     want = [float(logp[2 + i, seq[3 + i]]) for i in range(5)]
     np.testing.assert_allclose(out.logprobs[0, :5], want, atol=1e-5)
 
@@ -142,8 +131,8 @@ def test_fork_from_a_prefix_of_a_longer_sequence_equals_recompute(model):
         sampling=SamplingParams.make(2, greedy=True),
         keys=jnp.concatenate([key, key]),
     )
-    assert out.row(0)[0] == _greedy_reference(model, node, 6)
-    assert out.row(1)[0] == _greedy_reference(model, prompt + step1[:2] + [77], 6)
+    assert out.row(0)[0] == greedy_reference(model, node, 6)
+    assert out.row(1)[0] == greedy_reference(model, prompt + step1[:2] + [77], 6)
     assert eng.stats.forked_tokens == len(node) + len(prompt) + 2
 
 
@@ -163,4 +152,4 @@ def test_slots_allocate_free_and_reuse(model):
         sampling=SamplingParams.make(1, greedy=True),
         keys=jax.random.split(jax.random.key(0), 1),
     )
-    assert out.row(0)[0] == _greedy_reference(model, [7, 8], 5)
+    assert out.row(0)[0] == greedy_reference(model, [7, 8], 5)

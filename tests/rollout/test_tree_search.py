@@ -13,20 +13,21 @@ from treegrpo_jax.env.observation import ObservationConfig
 from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
-from treegrpo_jax.model.decoder import causal_mask
 from treegrpo_jax.rollout import stops
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
 from treegrpo_jax.rollout.engine import Engine, OutOfSlotsError
 from treegrpo_jax.rollout.tree import StepKind
 from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
 
+from .reference import full_logits
+
 AGENT = AgentConfig(max_tool_calls=2, max_turns=3, max_step_tokens=12, temperature=1.0, top_p=1.0)
 
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(WorldConfig(num_people=20, num_cities=8, num_countries=3, num_organisations=6, num_works=10,
-                                   questions_per_hop=(4, 4, 4, 4)))  # fmt: skip
+    sizes = dict(num_people=20, num_cities=8, num_countries=3, num_organisations=6, num_works=10)
+    return build_world(WorldConfig(**sizes, questions_per_hop=(4, 4, 4, 4)))
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,8 @@ def env(world):
 
 @pytest.fixture(scope="module")
 def model(env):
-    cfg = ModelConfig(vocab_size=env.tokenizer.vocab_size, embed_dim=32, mlp_dim=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8)  # fmt: skip
+    dims = dict(embed_dim=32, mlp_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+    cfg = ModelConfig(vocab_size=env.tokenizer.vocab_size, **dims)
     return init_model(cfg, seed=0)
 
 
@@ -56,14 +57,14 @@ def _engine(model, env, slots):
 
 @pytest.mark.parametrize("shape", [(2, 2, 1), (1, 2, 2), (3, 0, 0), (2, 1, 0)])
 def test_leaf_counts_and_limits(model, env, world, shape):
-    m, n, l = shape
-    search = TreeSearchConfig(num_trees=m, num_picks=n, num_rounds=l)
+    m, n, rounds = shape
+    search = TreeSearchConfig(num_trees=m, num_picks=n, num_rounds=rounds)
     rows = world.train[:3]
     eng = _engine(model, env, slots=search.leaves_per_prompt * 2)  # two waves for three prompts
     trees, stats = rollout(eng, env, rows, search, AGENT, key=jax.random.key(0))
     assert len(trees) == 3 * m
     for p in range(3):
-        assert sum(len(t.leaves()) for t in trees if t.prompt_id == p) == m * (1 + n * l)
+        assert sum(len(t.leaves()) for t in trees if t.prompt_id == p) == m * (1 + n * rounds)
     for tree in trees:
         for leaf in tree.leaves():
             path = tree.path(leaf.node_id)
@@ -112,9 +113,10 @@ def test_sampler_logprobs_equal_teacher_forced_recompute(model, env, world):
     checked = 0
     for tree in trees:
         for _leaf, tokens, mask, logp in tree.leaf_paths():
-            t = jnp.asarray([tokens])
-            logits = model(t, jnp.arange(len(tokens))[None], causal_mask(jnp.ones_like(t, bool)))
-            ref = jax.nn.log_softmax(logits[0, :-1] / 0.8, axis=-1)[jnp.arange(len(tokens) - 1), t[0, 1:]]
+            logits = full_logits(model, tokens, pad_to=512)
+            ref = jax.nn.log_softmax(logits[:-1] / 0.8, axis=-1)[
+                jnp.arange(len(tokens) - 1), np.asarray(tokens[1:])
+            ]
             m = np.asarray(mask[1:], bool)
             np.testing.assert_allclose(np.asarray(logp[1:])[m], np.asarray(ref)[m], atol=2e-4)
             checked += int(m.sum())
