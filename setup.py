@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66",
     "matplotlib>=3.8",
     "tensorboardX>=2.6",
+    "absl-py>=2.1",
     "tensorflow-datasets==4.9.10",  # array_record path only; TensorFlow is never installed
     "grain==0.2.18",
     "array-record==0.8.6",
