@@ -153,6 +153,8 @@ class ModelConfig:
                 f"{sorted(SUPPORTED_ARCHITECTURES)} (model_type {sorted(SUPPORTED_ARCHITECTURES.values())})"
             )
         is_qwen2 = model_type == "qwen2" or "Qwen2ForCausalLM" in archs
+        if hf.get("use_sliding_window"):  # Qwen2 option; the decoder attends to the full context
+            raise ValueError("use_sliding_window=true (sliding-window attention) is not supported")
         scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
         rope_theta = hf.get("rope_theta", scaling.get("rope_theta", 10_000.0))
         rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
