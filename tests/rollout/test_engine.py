@@ -153,3 +153,19 @@ def test_slots_allocate_free_and_reuse(model):
         keys=jax.random.split(jax.random.key(0), 1),
     )
     assert out.row(0)[0] == greedy_reference(model, [7, 8], 5)
+
+
+def test_sampling_matches_the_categorical_distribution():
+    """Inverse-CDF sampling with top-k / top-p filters: frequencies follow the filtered softmax."""
+    from treegrpo_jax.rollout.sampling import _filtered_logits, sample
+
+    logits = jnp.asarray([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]] * 3)
+    params = SamplingParams.make(3, temperature=[1.0, 0.5, 1.0], top_k=[0, 0, 3], top_p=[1.0, 0.8, 1.0])
+    n = 20000
+    keys = jax.random.split(jax.random.key(0), n * 3).reshape(n, 3)
+    tokens, _ = jax.jit(jax.vmap(lambda k: sample(logits, k, params)))(keys)
+    want = jax.nn.softmax(_filtered_logits(logits / params.temperature[:, None], params), axis=-1)
+    for row in range(3):
+        freq = np.bincount(np.asarray(tokens[:, row]), minlength=6) / n
+        np.testing.assert_allclose(freq, np.asarray(want[row]), atol=0.015)
+    assert np.all(np.asarray(tokens[:, 2]) < 3)  # top-k = 3 never leaves the 3 best

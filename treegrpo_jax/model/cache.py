@@ -1,6 +1,9 @@
 """KV cache as a pool of slots.
 
-Legend: L layers, S slots, T max tokens per slot, K kv heads, D head dim.
+Legend: L layers, S slots, K kv heads, T max tokens per slot, D head dim.
+
+Layout [L, S, K, T, D]: for one slot and kv head, keys are contiguous [T, D] rows, so
+attention over a slot is a plain matrix product with no transpose per decode step.
 
 Every slot has its own length, so every row writes at its own position: this is what
 lets one batch hold the nodes of a tree at different depths (peers that keep one write
@@ -17,14 +20,14 @@ from jaxtyping import Array, Float, Int
 
 from treegrpo_jax.model.config import ModelConfig
 
-CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    k: Float[Array, "L S T K D"]
-    v: Float[Array, "L S T K D"]
+    k: Float[Array, "L S K T D"]
+    v: Float[Array, "L S K T D"]
     lengths: Int[Array, " S"]  # tokens already written in each slot
 
     @property
@@ -33,12 +36,12 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def init_cache(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -> KVCache:
     """An empty pool of `num_slots` slots of `max_len` tokens each."""
-    shape = (cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim)
     dtype = cfg.jnp_dtype if dtype is None else dtype
     return KVCache(
         k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((num_slots,), jnp.int32)

@@ -98,16 +98,17 @@ class Decoder(nnx.Module):
             q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
         return rope.apply_rotary(q, cos, sin), rope.apply_rotary(k, cos, sin), v
 
-    def _attend(self, q_BTHD, k_BUKD, v_BUKD, mask_BTU) -> Array:
+    def _attend(self, q_BTHD, k_BKUD, v_BKUD, mask_BTU) -> Array:
+        """Grouped-query attention; keys/values head-major ([B, K, U, D], the cache layout)."""
         cfg = self.cfg
         b, t, _, d = q_BTHD.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q_BTHD.reshape(b, t, cfg.num_kv_heads, g, d)
-        scores = jnp.einsum("btkgd,bukd->bkgtu", q, k_BUKD, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("btkgd,bkud->bkgtu", q, k_BKUD, preferred_element_type=jnp.float32)
         scores = scores * (d**-0.5)
         scores = jnp.where(mask_BTU[:, None, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_BUKD.dtype)
-        out = jnp.einsum("bkgtu,bukd->btkgd", probs, v_BUKD)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_BKUD.dtype)
+        out = jnp.einsum("bkgtu,bkud->btkgd", probs, v_BKUD)
         return out.reshape(b, t, cfg.num_heads, d)
 
     def _finish(self, p, x_BTE, o_BTHD) -> Array:
@@ -146,7 +147,8 @@ class Decoder(nnx.Module):
 
         def layer(x, p):
             q, k, v = self._qkv(p, x, cos, sin)
-            return self._finish(p, x, self._attend(q, k, v, mask)), None
+            o = self._attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+            return self._finish(p, x, o), None
 
         x, _ = jax.lax.scan(layer, self._embed(tokens), self._layer_params())
         return _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
@@ -199,10 +201,11 @@ class Decoder(nnx.Module):
             x, ck, cv = carry
             p, i = xs
             q, k, v = self._qkv(p, x, cos, sin)
-            ck = ck.at[i, slot_idx, write_pos].set(k.astype(ck.dtype), mode="drop")
-            cv = cv.at[i, slot_idx, write_pos].set(v.astype(cv.dtype), mode="drop")
-            keys = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :u]
-            values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :u]
+            # Advanced indices around the kv-head slice: the update is laid out [B, C, K, D].
+            ck = ck.at[i, slot_idx, :, write_pos].set(k.astype(ck.dtype), mode="drop")
+            cv = cv.at[i, slot_idx, :, write_pos].set(v.astype(cv.dtype), mode="drop")
+            keys = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :, :u]
+            values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :, :u]
             if not rows_are_slots:  # gather only the rows' slots (a batch smaller than the pool)
                 keys, values = keys[slots], values[slots]
             o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask)

@@ -58,9 +58,12 @@ def render_trees(trees: Sequence[Tree], path: str, *, titles: Sequence[str] | No
     widths = [max(1, sum(1 for n in t.nodes if not n.children)) for t in trees]
     depth = max(max(n.depth for n in t.nodes) for t in trees)
     fig, axes = plt.subplots(
-        1, len(trees), figsize=(max(4.0, 1.9 * sum(widths)), 1.5 * (depth + 1) + 0.8), squeeze=False,
+        1,
+        len(trees),
+        figsize=(max(4.0, 1.9 * sum(widths)), 1.5 * (depth + 1) + 0.8),
+        squeeze=False,
         gridspec_kw={"width_ratios": widths},
-    )  # fmt: skip
+    )
     cmap = plt.get_cmap("RdYlGn")
     for i, (ax, tree) in enumerate(zip(axes[0], trees, strict=True)):
         pos = _positions(tree)
@@ -73,9 +76,16 @@ def render_trees(trees: Sequence[Tree], path: str, *, titles: Sequence[str] | No
             face = cmap(node.reward) if scored else "white"
             ink = "white" if scored and abs(node.reward - 0.5) > 0.3 else "black"  # readable on dark ends
             ax.text(
-                x, y, _label(node), ha="center", va="center", fontsize=7, zorder=2, color=ink,
+                x,
+                y,
+                _label(node),
+                ha="center",
+                va="center",
+                fontsize=7,
+                zorder=2,
+                color=ink,
                 bbox={"boxstyle": "round,pad=0.3", "fc": face, "ec": "0.3"},
-            )  # fmt: skip
+            )
         ax.set_xlim(-0.7, widths[i] - 0.3)
         ax.set_ylim(-depth - 0.6, 0.6)
         ax.axis("off")

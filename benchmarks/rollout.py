@@ -1,0 +1,517 @@
+"""Rollout benchmark (issue 4): decode throughput vs peers, an engine profile, tree vs chain.
+
+Legend: B rows (batch), P prompt tokens, N new tokens, U live context (keys attended), L
+layers, E embed, F mlp, H query heads, K kv heads, D head dim, V vocab.
+
+Run (from the repository root; 3-6 minutes on the shared 2-core CPU):
+
+    .venv/bin/python benchmarks/rollout.py                      # all parts
+    .venv/bin/python benchmarks/rollout.py --parts=decode --repeats=5 --out=/tmp/r.json
+
+Parts (`--parts`, comma-separated, run in this order):
+  * `decode`: one tiny Llama with random weights, copied into all three systems, greedy,
+    fixed lengths (P prompt, N new tokens, no EOS), batch 32 and 128. Each system's
+    public generate call is timed end to end (prefill included): ours `generate_ids`
+    (Engine append + decode), `transformers` `LlamaForCausalLM.generate` with its KV
+    cache under `torch.inference_mode()`, Tunix' vanilla `Sampler`. One warm-up call
+    (compiles), then `--repeats` timed calls, interleaved across systems in a rotating
+    order so that load from other processes hits all of them alike. tokens/s = B*N /
+    median wall. The speedups are the geometric mean over batches of the per-batch
+    ratio of median tokens/s. The greedy tokens of each peer are compared with ours.
+  * `profile`: our Engine's decode alone (`Engine.decode`, no prefill), ms per step
+    against batch B, live context U (a prefix prefilled once and forked to every row)
+    and pool length T (slot capacity), fastest of `--repeats` interleaved calls; a
+    least-squares fit `step = fixed + a*B + b*B*U + c*B*T`; and a lower bound from the
+    FLOP count at the CPU's matmul rate measured in the same run. It says what bounds
+    the engine: per-step overhead (fixed), weights (a), attention (b), pool copies (c).
+  * `tree`: tree (2,2,1) vs chain on the synthetic world. Needs the agent loop (issue 4,
+    item 2); until it exists the part reports `not_implemented` and its keys are null.
+
+Output: a table on stdout and JSON at `--out` (default benchmarks/results/rollout.json)
+with `decode_speedup_vs_transformers`, `decode_speedup_vs_tunix`, the tree keys, per-batch
+details, the profile and the environment (versions, cores, load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+import _peers
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from treegrpo_jax.model.build import init_model
+from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.decoder import Decoder
+from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.generate import generate_ids
+from treegrpo_jax.rollout.sampling import SamplingParams
+
+DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "rollout.json"
+SYSTEMS = ("ours", "transformers", "tunix")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What to measure; validated here so a bad flag fails with its name."""
+
+    parts: tuple[str, ...] = ("decode", "profile", "tree")
+    out: pathlib.Path = DEFAULT_OUT
+    # Model: big enough that a decode step is not all Python/dispatch overhead, small
+    # enough that the whole run stays within minutes on 2 cores. rope_theta is Tunix'.
+    vocab: int = 4096
+    embed: int = 256
+    mlp: int = 768
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 4
+    head_dim: int = 32
+    # decode part
+    batches: tuple[int, ...] = (32, 128)
+    prompt_len: int = 64
+    new_tokens: int = 64
+    repeats: int = 3
+    torch_threads: int | None = None  # None: probe the core count and 1, keep the faster
+    # profile part
+    profile_batches: tuple[int, ...] = (1, 32, 128)
+    profile_contexts: tuple[int, ...] = (64, 960)
+    profile_steps: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        unknown = set(self.parts) - set(PARTS)
+        if unknown:
+            raise ValueError(f"--parts: unknown {sorted(unknown)}; known: {list(PARTS)}")
+        for name in ("vocab", "embed", "mlp", "layers", "heads", "kv_heads", "head_dim", "prompt_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}")
+        if self.new_tokens <= 0 or self.profile_steps <= 0:
+            raise ValueError("--new_tokens and --profile_steps must be > 0")
+        if self.repeats < 3:
+            raise ValueError(f"--repeats must be >= 3 (medians), got {self.repeats}")
+        if not self.batches or min(self.batches) <= 0 or min(self.profile_batches, default=1) <= 0:
+            raise ValueError("--batches / --profile_batches must be positive")
+        if self.torch_threads is not None and self.torch_threads <= 0:
+            raise ValueError(f"--torch_threads must be > 0 or 'auto', got {self.torch_threads}")
+
+    def model_config(self) -> ModelConfig:
+        """The one Llama config every system runs (f32, untied, no bias, Tunix' RoPE base)."""
+        return ModelConfig(
+            vocab_size=self.vocab,
+            embed_dim=self.embed,
+            mlp_dim=self.mlp,
+            num_layers=self.layers,
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            rope_theta=_peers.TUNIX_ROPE_THETA,
+            rms_norm_eps=1e-6,
+        )
+
+
+# ------------------------------------------------------------------ measuring
+def num_cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of `fn()` (which must block until its result is on the host)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
+    """Median f32 GEMM rate of this CPU right now (the roofline the profile compares with)."""
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    mm(a).block_until_ready()
+    seconds = np.median([timed(lambda: mm(a).block_until_ready()) for _ in range(repeats)])
+    return 2 * n**3 / seconds / 1e9
+
+
+def environment() -> dict:
+    """Versions, cores and load: enough to judge how comparable two result files are."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cores": num_cores(),
+        "load_average": list(os.getloadavg()),
+        "jax_backend": jax.default_backend(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "versions": {
+            d: _peers.version_of(d)
+            for d in ("jax", "jaxlib", "flax", "torch", "transformers", "google-tunix", "numpy")
+        },
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# ----------------------------------------------------------------- decode part
+def engine_generator(model: Decoder, *, new_tokens: int) -> _peers.Generate:
+    """Ours, through the public `generate_ids` (a fresh Engine, append, decode, per call)."""
+
+    def generate(prompts: np.ndarray) -> np.ndarray:
+        out = generate_ids(model, prompts.tolist(), max_new_tokens=new_tokens)
+        return np.asarray(out)
+
+    return generate
+
+
+def _torch_threads(bc: BenchConfig, build: Callable[[int], _peers.Generate], probe: np.ndarray):
+    """(generate, probe record): the requested thread count, or the faster of cores and 1.
+
+    PyTorch's OpenMP workers spin at barriers; on a CPU shared with other processes two
+    threads can run several times slower than one, which would flatter our ratio.
+    """
+    if bc.torch_threads is not None:
+        return build(bc.torch_threads), {"requested": bc.torch_threads}
+    seconds = {}
+    for threads in sorted({num_cores(), 1}, reverse=True):
+        gen = build(threads)
+        gen(probe)  # warm-up
+        seconds[threads] = min(timed(lambda gen=gen: gen(probe)) for _ in range(2))
+    best = min(seconds, key=seconds.get)
+    return build(best), {"probe_rows": len(probe), "probe_seconds": seconds, "chosen": best}
+
+
+def build_systems(bc: BenchConfig, model: Decoder, cfg: ModelConfig, probe: np.ndarray):
+    """{name: generate} for the systems that can run, and {name: reason} for those that cannot."""
+    systems: dict[str, _peers.Generate] = {"ours": engine_generator(model, new_tokens=bc.new_tokens)}
+    unavailable: dict[str, str] = {}
+    info: dict[str, dict] = {}
+
+    def transformers():
+        def build(threads):
+            return _peers.transformers_generator(model, cfg, new_tokens=bc.new_tokens, threads=threads)
+
+        gen, info["transformers_threads"] = _torch_threads(bc, build, probe)
+        return gen
+
+    def tunix():
+        return _peers.tunix_generator(model, cfg, prompt_len=bc.prompt_len, new_tokens=bc.new_tokens)
+
+    for name, make in (("transformers", transformers), ("tunix", tunix)):
+        try:
+            systems[name] = make()
+            info[name] = getattr(systems[name], "info", {})
+        except _peers.PeerUnavailable as e:
+            unavailable[name] = str(e)
+        except Exception as e:  # noqa: BLE001 -- a peer that cannot be built is a result, not a crash
+            unavailable[name] = f"building it failed: {type(e).__name__}: {e}"
+            traceback.print_exc()
+    return systems, unavailable, info
+
+
+def round_robin(measures: dict, repeats: int) -> dict[object, list[float]]:
+    """Seconds from every `measure()`, interleaved in a rotating order.
+
+    Load from other processes then hits every measure alike, so their ratios hold even
+    when the absolute numbers drift.
+    """
+    names = list(measures)
+    seconds: dict[object, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            seconds[name].append(measures[name]())
+    return seconds
+
+
+def _geomean(xs: list[float]) -> float | None:
+    return float(math.exp(np.mean(np.log(xs)))) if xs else None
+
+
+def run_decode(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
+    """The side-by-side decode-throughput part (see the module docstring)."""
+    rng = np.random.default_rng(bc.seed)
+    # Ids from 1: Tunix treats the pad id (0) in a prompt as padding.
+    prompts_of = {b: rng.integers(1, cfg.vocab_size, (b, bc.prompt_len)) for b in bc.batches}
+    systems, unavailable, info = build_systems(bc, model, cfg, prompts_of[min(bc.batches)][:8])
+    per_batch = {}
+    for b in bc.batches:
+        prompts = prompts_of[b]
+        tokens, failed = {}, {}
+        for name, gen in list(systems.items()):  # warm-up (compiles) and the tokens compared
+            try:
+                tokens[name] = gen(prompts)
+            except Exception as e:  # noqa: BLE001 -- a peer failing is a result, not a crash
+                if name == "ours":
+                    raise  # our engine failing is a bug to see, not a row of the table
+                failed[name] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+        runnable = {n: g for n, g in systems.items() if n not in failed}
+        measures = {n: functools.partial(timed, functools.partial(g, prompts)) for n, g in runnable.items()}
+        seconds = round_robin(measures, bc.repeats)
+        row = {"batch": b, "failed": failed}
+        for name, secs in seconds.items():
+            med = float(np.median(secs))
+            row[name] = {
+                "seconds": secs,
+                "median_seconds": med,
+                "tokens_per_s": b * bc.new_tokens / med,
+                "greedy_token_agreement_with_ours": float(np.mean(tokens[name] == tokens["ours"])),
+            }
+        per_batch[str(b)] = row
+
+    def speedup(peer):
+        ratios = [
+            r["ours"]["tokens_per_s"] / r[peer]["tokens_per_s"] for r in per_batch.values() if peer in r
+        ]
+        return _geomean(ratios) if len(ratios) == len(per_batch) else None
+
+    return {
+        "decode_speedup_vs_transformers": speedup("transformers"),
+        "decode_speedup_vs_tunix": speedup("tunix"),
+        "decode_speedup_basis": f"geometric mean over batches {list(bc.batches)} of per-batch "
+        "ratios of median tokens/s (end to end: prefill + decode)",
+        "decode": {
+            "model": dataclasses.asdict(cfg) | {"num_params": cfg.num_params},
+            "prompt_len": bc.prompt_len,
+            "new_tokens": bc.new_tokens,
+            "repeats": bc.repeats,
+            "greedy": True,
+            "systems_unavailable": unavailable,
+            "systems_info": info,
+            "per_batch": per_batch,
+        },
+    }
+
+
+# ---------------------------------------------------------------- profile part
+def _decode_flops(cfg: ModelConfig, rows: int, keys: float) -> float:
+    """Approximate FLOPs of one decode step: weight matmuls + attention over `keys` keys."""
+    weights = cfg.num_params - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.embed_dim)  # no lookup
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * keys  # q·k and p·v
+    return rows * (2 * weights + attention)
+
+
+def _profile_measures(bc: BenchConfig, model: Decoder, cfg: ModelConfig, *, batch: int, pool_len: int):
+    """{(context, pool_len): measure} for one pool of `batch` rows: every context that fits.
+
+    One extra slot per context holds it (prefilled once, one ragged append); before every
+    timed call it is forked to the `batch` decoding rows, so each call decodes from the
+    same state. A measure returns the seconds of the decode alone (fork not timed).
+    """
+    rng = np.random.default_rng(bc.seed + 1)
+    contexts = [c for c in bc.profile_contexts if c + bc.profile_steps + 1 <= pool_len]
+    engine = Engine(model, num_slots=batch + len(contexts), max_len=pool_len)
+    slots = engine.allocate(batch + len(contexts))
+    rows, sources = slots[:batch], slots[batch:]
+    engine.append(
+        {s: rng.integers(1, cfg.vocab_size, c).tolist() for s, c in zip(sources, contexts, strict=True)}
+    )
+    sampling = SamplingParams.make(batch, temperature=0.0)
+    keys = jax.random.split(jax.random.key(bc.seed), batch)
+
+    def measure(source):
+        engine.fork([source] * batch, rows)
+        jax.block_until_ready(engine.cache)
+        return timed(
+            lambda: engine.decode(rows, max_new_tokens=bc.profile_steps, sampling=sampling, keys=keys)
+        )
+
+    return {(c, pool_len): functools.partial(measure, s) for s, c in zip(sources, contexts, strict=True)}
+
+
+def run_profile(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
+    """Our Engine's decode alone: ms per step against batch, live context and pool length.
+
+    Every batch runs each context in a pool long enough for the longest one, and the
+    shortest context again in a short pool: at equal live context, a step should not
+    cost more in a longer pool (no per-step copies of the whole cache). The cases of one
+    batch are timed interleaved.
+    """
+    steps = bc.profile_steps
+    gflops = matmul_gflops()
+    # Powers of two (at least 128, like the engine's attention spans), so that at equal
+    # context both pools attend over the same span and differ only in their length.
+    lens = (max(bc.profile_contexts) + steps + 1, min(bc.profile_contexts) + steps + 1)
+    pools = sorted({max(128, 1 << (n - 1).bit_length()) for n in lens}, reverse=True)
+    points = []
+    for b in bc.profile_batches:
+        measures = {}
+        for pool_len in pools:
+            measures |= _profile_measures(bc, model, cfg, batch=b, pool_len=pool_len)
+        for measure in measures.values():
+            measure()  # compile
+        for (ctx, pool_len), seconds in round_robin(measures, bc.repeats).items():
+            # Interference from other processes only ever adds time: the fastest call is
+            # the least noisy estimate of the step cost (the median is kept alongside).
+            ms = 1e3 * min(seconds) / steps
+            bound_ms = 1e3 * _decode_flops(cfg, b, ctx + steps / 2) / (gflops * 1e9)
+            points.append(
+                {
+                    "batch": b,
+                    "context": ctx,
+                    "pool_len": pool_len,
+                    "ms_per_step": ms,
+                    "median_ms_per_step": 1e3 * float(np.median(seconds)) / steps,
+                    "us_per_row_step": 1e3 * ms / b,
+                    "flop_bound_ms_per_step": bound_ms,
+                    "fraction_of_matmul_peak": bound_ms / ms,
+                }
+            )
+    profile = {"steps_per_call": steps, "cpu_matmul_gflops": gflops, "points": points}
+    return {"profile": profile | _fit(points, steps)}
+
+
+def _fit(points: list[dict], steps: int) -> dict:
+    """Least squares `ms/step = fixed + per_row*B + per_row_key*B*U + per_row_pool*B*T`.
+
+    U: mean live keys over the call (context + steps/2); T: pool length per slot.
+    """
+    if len(points) < 4:
+        return {}
+    a = np.asarray(
+        [
+            [1.0, p["batch"], p["batch"] * (p["context"] + steps / 2), p["batch"] * p["pool_len"]]
+            for p in points
+        ]
+    )
+    y = np.asarray([p["ms_per_step"] for p in points])
+    (fixed, per_row, per_row_key, per_row_pool), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {
+        "fit": {
+            "fixed_ms_per_step": float(fixed),
+            "per_row_us_per_step": float(1e3 * per_row),
+            "per_row_key_ns_per_step": float(1e6 * per_row_key),
+            "per_row_pool_token_ns_per_step": float(1e6 * per_row_pool),
+        }
+    }
+
+
+# ------------------------------------------------------------------- tree part
+def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
+    """Tree (2,2,1) vs chain with 6 leaves on the synthetic world (issue 4 benchmark, part 2).
+
+    Slot for the lead: needs the agent loop (issue 4, item 2). It must fill the keys below
+    (and may add details under "tree"); until then they are null.
+    """
+    del bc, model, cfg
+    return {
+        "tree_vs_chain_wall_per_leaf": None,
+        "tree_prefilled_tokens": None,
+        "tree_reprefill_tokens": None,
+        "tree_tool_calls": None,
+        "chain_tool_calls": None,
+        "tree": {"status": "not_implemented", "reason": "needs the agent loop (issue 4, item 2)"},
+    }
+
+
+PARTS: dict[str, Callable[[BenchConfig, Decoder, ModelConfig], dict]] = {
+    "decode": run_decode,
+    "profile": run_profile,
+    "tree": run_tree,
+}
+
+
+# ----------------------------------------------------------------------- report
+def print_report(result: dict) -> None:
+    """Human-readable tables of whatever parts ran."""
+    if "decode" in result:
+        d = result["decode"]
+        print(f"\nDecode throughput, tokens/s (P={d['prompt_len']}, N={d['new_tokens']}, greedy, "
+              f"median of {d['repeats']}; prefill included)")  # fmt: skip
+        print(f"{'batch':>6} " + " ".join(f"{s:>14}" for s in SYSTEMS) + f" {'vs tf':>7} {'vs tunix':>8}")
+        for b, row in d["per_batch"].items():
+            cells = [f"{row[s]['tokens_per_s']:14.0f}" if s in row else f"{'n/a':>14}" for s in SYSTEMS]
+            ratios = [
+                f"{row['ours']['tokens_per_s'] / row[s]['tokens_per_s']:.2f}x" if s in row else "n/a"
+                for s in ("transformers", "tunix")
+            ]
+            print(f"{b:>6} " + " ".join(cells) + f" {ratios[0]:>7} {ratios[1]:>8}")
+        for name, why in d["systems_unavailable"].items():
+            print(f"  {name}: unavailable: {why}")
+        for b, row in d["per_batch"].items():
+            for name, why in row["failed"].items():
+                print(f"  {name} failed at batch {b}: {why}")
+        for key in ("decode_speedup_vs_transformers", "decode_speedup_vs_tunix"):
+            value = result[key]
+            print(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
+        print(f"  ({result['decode_speedup_basis']})")
+    if "profile" in result:
+        p = result["profile"]
+        print(f"\nEngine decode profile ({p['steps_per_call']} steps per call, fastest call; "
+              f"CPU f32 matmul {p['cpu_matmul_gflops']:.0f} GFLOP/s)")  # fmt: skip
+        head = ("batch", "context", "pool", "ms/step", "us/row", "flop-bound ms", "of peak")
+        print(" ".join(f"{h:>{w}}" for h, w in zip(head, (6, 8, 6, 9, 8, 14, 8), strict=True)))
+        for q in p["points"]:
+            print(f"{q['batch']:>6} {q['context']:>8} {q['pool_len']:>6} {q['ms_per_step']:9.2f} "
+                  f"{q['us_per_row_step']:8.1f} "
+                  f"{q['flop_bound_ms_per_step']:14.2f} {q['fraction_of_matmul_peak']:8.1%}")  # fmt: skip
+        if "fit" in p:
+            f = p["fit"]
+            print(f"fit: {f['fixed_ms_per_step']:.2f} ms fixed + {f['per_row_us_per_step']:.1f} us/row "
+                  f"+ {f['per_row_key_ns_per_step']:.2f} ns/(row*key) "
+                  f"+ {f['per_row_pool_token_ns_per_step']:.2f} ns/(row*pool token) per step")  # fmt: skip
+    if "tree" in result:
+        print(f"\ntree vs chain: {result['tree'].get('status', 'done')}")
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def parse_args(argv: list[str]) -> BenchConfig:
+    """Flags → BenchConfig (`--flag=value` or `--flag value`)."""
+    d = BenchConfig()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default=",".join(d.parts), help=f"comma-separated of {list(PARTS)}")
+    ap.add_argument("--out", type=pathlib.Path, default=d.out)
+    for name in ("vocab", "embed", "mlp", "layers", "heads", "kv_heads", "head_dim", "prompt_len",
+                 "new_tokens", "repeats", "profile_steps", "seed"):  # fmt: skip
+        ap.add_argument(f"--{name}", type=int, default=getattr(d, name))
+    for name in ("batches", "profile_batches", "profile_contexts"):
+        ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
+    ap.add_argument("--torch_threads", default="auto", help="an int, or 'auto' (probe cores and 1)")
+    args = vars(ap.parse_args(argv))
+    args["parts"] = tuple(p for p in args["parts"].split(",") if p)
+    args["torch_threads"] = None if args["torch_threads"] == "auto" else int(args["torch_threads"])
+    return BenchConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Runs the requested parts, prints the tables, writes the JSON; returns the result."""
+    bc = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = bc.model_config()
+    model = init_model(cfg, seed=bc.seed)
+    t0 = time.perf_counter()
+    result: dict = {"config": {k: str(v) for k, v in dataclasses.asdict(bc).items()}}
+    result["environment"] = environment()
+    for part in bc.parts:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {part} ...", flush=True)
+        result |= PARTS[part](bc, model, cfg)
+    result["environment"]["load_average_end"] = list(os.getloadavg())
+    result["wall_seconds"] = time.perf_counter() - t0
+    print_report(result)
+    bc.out.parent.mkdir(parents=True, exist_ok=True)
+    bc.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nwrote {bc.out} ({result['wall_seconds']:.0f}s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

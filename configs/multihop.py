@@ -1,0 +1,170 @@
+"""Tree-GRPO on multi-hop QA with a search tool.
+
+Paper setup (DESIGN.md §1): Qwen2.5-3B, HotpotQA train, a Search-R1 retrieval server (E5 over
+wiki-18, top-3), M=2 N=2 L=1, AdamW lr 1e-6 with warmup ratio 0.285, 512 prompts per step in
+64-prompt mini-batches, 180 steps. Expected: multi-hop average EM ≈ 36.8 (tree) vs 31.8 (chain@4).
+
+  python launch/train.py --config=configs/multihop.py --workdir=/tmp/run \
+    --config.model.path=/ckpt/Qwen2.5-3B-Instruct \
+    --config.data.train_files=hotpotqa_train.parquet --config.data.test_files=test.parquet \
+    --config.retriever.url=http://127.0.0.1:8000/retrieve
+
+Embedded default (offline, 2-core CPU, minutes): the synthetic world, BM25, a BPE tokenizer and a
+small Llama trained from scratch, cold-start SFT on scripted demonstrations, then Tree-GRPO:
+
+  python launch/train.py --config=configs/multihop.py:tiny --workdir=workdir/tiny
+
+Variants by argument, comma-separated: `tiny`, `chain` (GRPO baseline: M=4, N=0, L=0), `tree_m=4`,
+`tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`, e.g. `configs/multihop.py:tiny,chain`.
+"""
+
+from ml_collections import ConfigDict
+
+
+def _paper() -> ConfigDict:
+    c = ConfigDict()
+    c.template = "search_agent"  # env/templates/<name>.txt or a path
+    c.model = ConfigDict(
+        dict(
+            source="pretrained",  # "pretrained" (path) or "scratch" (dims below)
+            path="",  # HF checkpoint directory, a .gguf file, or "smollm2"
+            dims={},  # ModelConfig fields for source="scratch"
+            dtype="bfloat16",  # compute dtype of matmuls (norms, softmax, logits stay f32)
+            param_dtype="float32",  # stored parameters (and optimizer moments)
+            tokenizer_vocab=2048,  # scratch only: BPE vocabulary trained on the corpus
+        )
+    )
+    c.data = ConfigDict(
+        dict(
+            kind="files",  # "files" (Search-R1 parquet / JSONL) or "synthetic"
+            train_files="",  # comma-separated, e.g. hotpotqa_train.parquet
+            test_files="",  # comma-separated: nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle
+            skip_bad_rows=False,  # report bad rows and stop (True: skip and count them)
+            eval_prompts=0,  # test questions per evaluation (0 = all)
+            world={},  # synthetic world sizes (data.kind="synthetic")
+        )
+    )
+    c.retriever = ConfigDict(
+        dict(
+            kind="http",  # "http" (Search-R1 protocol server) or "bm25" (in-process over `corpus`)
+            corpus="",  # BM25 corpus JSONL {"id", "contents"}
+            url="",  # e.g. http://127.0.0.1:8000/retrieve
+            timeout_s=30.0,  # per request
+            max_retries=3,  # then the step gets an error observation
+        )
+    )
+    c.agent = ConfigDict(
+        dict(
+            max_tool_calls=3,  # searches per path, then one forced answer step
+            max_turns=4,  # steps (incl. invalid ones) before the forced answer step
+            max_step_tokens=500,  # tokens generated per step
+            min_step_room=16,  # a node leaving less room than this in the context is a leaf
+            top_k=3,  # passages per search
+            temperature=1.0,  # rollout sampling
+            top_p=0.95,
+            top_k_sampling=0,  # 0 disables top-k
+        )
+    )
+    c.observation = ConfigDict(dict(passage_tokens=160, max_tokens=500))  # per passage / whole observation
+    c.tree = ConfigDict(dict(num_trees=2, num_picks=2, num_rounds=1))  # M, N, L
+    c.rl = ConfigDict(
+        dict(
+            estimator="tree",  # tree (intra + inter) | intra | inter | grpo
+            eps_low=0.2,  # ratio clip range [1 - eps_low, 1 + eps_high]
+            eps_high=0.2,
+            dual_clip=3.0,  # bound on the loss of negative-advantage tokens
+            kl_coef=0.001,  # β of the k3 KL to the frozen reference
+            entropy_coef=0.001,  # entropy bonus (0 allowed)
+            aggregation="token-mean",  # or "seq-mean-token-mean" (the paper's equation)
+            num_minibatches=8,  # 512 prompts / 64-prompt mini-batches
+            num_microbatches=8,  # gradient accumulation inside a mini-batch
+            length_buckets=(1024, 2048, 4096),  # padded row lengths (few shapes, few compiles)
+            row_multiple=8,  # rows per micro-batch are multiples of this (≥ data × fsdp devices)
+        )
+    )
+    c.optim = ConfigDict(
+        dict(
+            learning_rate=1e-6,
+            warmup_ratio=0.285,
+            schedule="constant",  # after warmup: constant | cosine
+            weight_decay=0.01,
+            grad_clip=1.0,
+        )
+    )
+    c.sft = ConfigDict(dict(steps=0))  # no cold start for pretrained instruct models
+    c.run = ConfigDict(
+        dict(
+            seed=0,
+            steps=180,  # RL steps
+            prompts_per_step=512,
+            eval_every=20,  # greedy EM on the test sets every N steps (and at the start and end)
+            checkpoint_every=10,
+            keep_checkpoints=3,
+            rollout_slots=0,  # KV-cache slots (0: all prompts of a step at once)
+            context_len=4096,  # tokens per trajectory (prompt + steps + observations)
+            render_trees=2,  # trees pictured under workdir/plots/ at each eval
+            tensorboard=True,
+            wandb_project="",  # set to log to Weights & Biases too
+            distributed=False,  # jax.distributed.initialize() on multi-host TPU pods / GPU nodes
+        )
+    )
+    c.mesh = ConfigDict(dict(shape=(-1, 1, 1)))  # (data, fsdp, tensor); -1 = the remaining devices
+    return c
+
+
+def _tiny(c: ConfigDict) -> ConfigDict:
+    """The embedded default: everything offline and small enough for a 2-core CPU."""
+    c.template = "search_agent_terse"
+    c.model.source = "scratch"
+    c.model.dims = dict(embed_dim=128, mlp_dim=384, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32)
+    c.model.dtype = "float32"
+    c.model.tokenizer_vocab = 1024
+    c.data.kind = "synthetic"
+    c.data.eval_prompts = 128
+    c.data.world = dict(seed=0, questions_per_hop=(400, 400, 400, 400), test_fraction=0.1)
+    c.retriever.kind = "bm25"
+    # One passage per search: BM25 puts the searched entity's own passage first, and short
+    # contexts keep a CPU step cheap.
+    c.agent.update(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)
+    c.observation.update(passage_tokens=56, max_tokens=72)
+    c.rl.update(
+        num_minibatches=2,
+        num_microbatches=1,
+        length_buckets=(256, 384, 512, 768, 1024),
+        kl_coef=0.0,
+        entropy_coef=0.0,
+        row_multiple=8,
+    )
+    c.optim.update(learning_rate=2e-4, warmup_ratio=0.1)
+    c.sft = ConfigDict(
+        dict(
+            steps=200,  # cold start on scripted demonstrations
+            batch_rows=8,
+            demonstrations=1200,
+            optim=dict(learning_rate=2e-3, warmup_ratio=0.05, schedule="cosine", min_lr_ratio=0.1),
+            script=dict(wrong_answer_rate=0.25, guess_rate=0.1),  # imperfect on purpose: RL has work
+        )
+    )
+    c.run.update(steps=30, prompts_per_step=8, eval_every=10, checkpoint_every=5, context_len=1024)
+    return c
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """`arg`: comma-separated variants (see the module docstring)."""
+    c = _paper()
+    for part in [p for p in (arg or "").split(",") if p]:
+        name, _, value = part.partition("=")
+        if name == "tiny":
+            c = _tiny(c)
+        elif name == "chain":
+            c.tree.update(num_trees=4, num_picks=0, num_rounds=0)
+        elif name in ("tree_m", "tree_n", "tree_l"):
+            c.tree[{"tree_m": "num_trees", "tree_n": "num_picks", "tree_l": "num_rounds"}[name]] = int(value)
+        elif name == "estimator":
+            c.rl.estimator = value
+        else:
+            raise ValueError(
+                f"configs/multihop.py: unknown variant {part!r} "
+                "(tiny, chain, tree_m=, tree_n=, tree_l=, estimator=)"
+            )
+    return c

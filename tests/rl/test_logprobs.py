@@ -1,0 +1,84 @@
+"""Chunked log-probs equal the full-logits ones; the tree loss gradient is the sum over its paths."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tests.rl.forest import random_forest
+from tests.rl.tiny import compile_fast
+from treegrpo_jax.model.decoder import causal_mask
+from treegrpo_jax.rl import advantages
+from treegrpo_jax.rl.batch import BatchLayout, build_batch, rows_from_trees
+from treegrpo_jax.rl.logprobs import token_logprobs
+from treegrpo_jax.rl.loss import LossConfig, policy_loss
+
+
+def _rows(seed=0, b=3, t=13):
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(0, 64, (b, t)), jnp.int32)
+    lens = np.array([t, t - 4, 5])[:b]
+    valid = jnp.asarray(np.arange(t)[None] < lens[:, None])
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+    return tokens, positions, valid
+
+
+def test_chunked_equals_unchunked_and_full_logits(tiny_model):
+    graphdef, params = nnx.split(tiny_model)
+    tokens, positions, valid = _rows()
+    m = valid.astype(jnp.float32)
+
+    def run(params, chunk):
+        def objective(params):
+            lp, ent = token_logprobs(nnx.merge(graphdef, params), tokens, positions, valid, chunk=chunk)
+            return jnp.sum(lp * m) + 0.1 * jnp.sum(ent * m), (lp, ent)
+
+        (_, (lp, ent)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        logits = nnx.merge(graphdef, params)(tokens, positions, causal_mask(valid))
+        return lp, ent, grads, logits
+
+    jitted = jax.jit(run, static_argnums=1)
+    full_lp, full_ent, g_full, logits = compile_fast(jitted, params, 64)(params)
+    # 12 targets in 3 chunks of 5 (3 padded): forward and remat'ed backward.
+    chunk_lp, chunk_ent, g_chunk, _ = compile_fast(jitted, params, 5)(params)
+    np.testing.assert_allclose(chunk_lp, full_lp, atol=1e-6)
+    np.testing.assert_allclose(chunk_ent, full_ent, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_chunk), strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    # Against log_softmax of the decoder's own [B, T, V] logits.
+    ls = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    want = jnp.take_along_axis(ls, tokens[:, 1:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(full_lp[:, 1:], want, atol=1e-5)
+    np.testing.assert_allclose(full_ent[:, 1:], -(jnp.exp(ls) * ls).sum(-1), atol=1e-5)
+    assert np.all(np.asarray(full_lp[:, 0]) == 0)
+
+
+def test_tree_loss_gradient_is_sum_of_per_path_gradients(tiny_model):
+    """A node shared by c leaves is trained once per leaf: the batch gradient is the per-path sum."""
+    rng = np.random.default_rng(3)
+    rows = rows_from_trees(random_forest(rng, num_prompts=1, trees=2, branches=2, rounds=1))
+    batch = build_batch(rows, BatchLayout(length_buckets=(32,), row_multiple=1)).reshape_rows(-1)
+    adv = advantages.compute(batch.reward, batch.tree_id, batch.prompt_id, batch.row_valid, "tree")
+    mask = batch.loss_mask * batch.row_valid[:, None]
+    n_tok = float(mask.sum())  # the fixed (mini-batch) normaliser
+    cfg = LossConfig(kl_coef=0.0, entropy_coef=0.0)
+    graphdef, params = nnx.split(tiny_model)
+
+    def grad(params, tokens, positions, valid, mask, adv):
+        def loss(params):
+            lp, ent = token_logprobs(nnx.merge(graphdef, params), tokens, positions, valid, chunk=8)
+            old = jax.lax.stop_gradient(lp)
+            return policy_loss(lp, old, None, ent, adv, mask, cfg=cfg, num_tokens=n_tok, num_rows=1.0)[0]
+
+        return jax.grad(loss)(params)
+
+    def whole_and_per_path(params, *fields):
+        # Per path: each row alone as a batch of one (vmap over rows), gradients summed after.
+        one_row = jax.vmap(lambda *row: grad(params, *(x[None] for x in row)))
+        return grad(params, *fields), jax.tree.map(lambda g: g.sum(0), one_row(*fields))
+
+    fields = (batch.tokens, batch.positions, batch.valid, mask, adv)
+    whole, summed = compile_fast(jax.jit(whole_and_per_path), params, *fields)(params, *fields)
+    assert len(rows) >= 3 and np.any(np.abs(adv) > 0.1)
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(summed), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)

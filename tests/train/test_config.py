@@ -1,0 +1,70 @@
+"""The config boundary: every variant parses; bad keys and values name themselves."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from treegrpo_jax.train.config import TrainConfig, from_config_dict
+
+_SPEC = importlib.util.spec_from_file_location(
+    "multihop", pathlib.Path(__file__).parents[2] / "configs/multihop.py"
+)
+multihop = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(multihop)
+
+
+@pytest.mark.parametrize("arg", ["tiny", "tiny,chain", "tiny,tree_m=4,tree_n=5", "tiny,estimator=intra"])
+def test_variants_parse(arg):
+    cfg = from_config_dict(multihop.get_config(arg))
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.sft.script.top_k == cfg.agent.top_k  # demonstrations look like rollouts
+
+
+def test_chain_variant_is_grpo_baseline():
+    cfg = from_config_dict(multihop.get_config("tiny,chain"))
+    assert (cfg.tree.num_trees, cfg.tree.num_picks, cfg.tree.num_rounds) == (4, 0, 0)
+    assert cfg.tree.leaves_per_prompt == 4
+
+
+def test_paper_config_needs_paths_with_a_clear_message():
+    c = multihop.get_config()
+    with pytest.raises(ValueError, match=r"config.model.path is empty: set --config.model.path="):
+        from_config_dict(c)
+    c.model.path = "smollm2"
+    with pytest.raises(ValueError, match=r"config.data.train_files is empty"):
+        from_config_dict(c)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.tree.update(num_trees=0), r"config.tree: TreeSearchConfig.num_trees \(M\) must be ≥ 1"),
+        (lambda c: c.rl.update(estimator="best"), r"config.rl: .*estimator"),
+        (lambda c: c.rl.update(aggregation="sum"), r"config.rl: .*aggregation"),
+        (lambda c: c.agent.update(top_p=1.5), r"config.agent: AgentConfig"),
+        (lambda c: c.mesh.update(shape=(-1, -1, 1)), r"config.mesh: mesh.shape"),
+        (lambda c: c.run.update(prompts_per_step=7), r"prompts_per_step=7 must be divisible"),
+        (lambda c: c.model.update(source="magic"), r"config.model.source='magic'; allowed"),
+        (lambda c: c.run.update(rollout_slots=3), r"rollout_slots=3 < leaves per prompt"),
+        (lambda c: c.data.world.update(num_people=-1), r"config.data.world"),
+    ],
+)
+def test_bad_values_name_the_key(edit, message):
+    c = multihop.get_config("tiny")
+    edit(c)
+    with pytest.raises(ValueError, match=message):
+        from_config_dict(c)
+
+
+def test_unknown_key_is_rejected():
+    c = multihop.get_config("tiny")
+    c.unlock()
+    c.agent.max_tool_call = 3  # typo
+    with pytest.raises(ValueError, match=r"config.agent: unknown key\(s\) \['max_tool_call'\]"):
+        from_config_dict(c)
+
+
+def test_unknown_variant_is_rejected():
+    with pytest.raises(ValueError, match="unknown variant 'tree_x=1'"):
+        multihop.get_config("tiny,tree_x=1")

@@ -1,0 +1,97 @@
+"""The train state: policy params, optimizer state, RL step, skipped-update count.
+
+A registered pytree (donated to the jitted step). The model's `GraphDef` rides along as
+static metadata so a step needs nothing but the state, the batch and the reference params.
+`create_train_state` initialises the optimizer state straight into the parameters'
+shardings (Adam moments shard like their parameter; scalars are replicated) and returns
+those shardings for the step's explicit in/out shardings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from treegrpo_jax.model.build import param_shardings
+from treegrpo_jax.model.decoder import Decoder
+from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules
+from treegrpo_jax.rl.optim import OptimConfig, make_optimizer
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainState:
+    """Everything a train step updates.
+
+    Attributes:
+      graphdef: the decoder's structure (static pytree metadata).
+      params: the policy's parameters.
+      opt_state: optax state of `make_optimizer`.
+      step: RL steps done (int32 scalar; drives the learning-rate schedule).
+      skipped: optimizer updates skipped because the loss or a gradient was not finite.
+    """
+
+    graphdef: nnx.GraphDef = dataclasses.field(metadata=dict(static=True))
+    params: nnx.State
+    opt_state: Any
+    step: jax.Array
+    skipped: jax.Array
+
+    def replace(self, **changes) -> TrainState:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def model(self) -> Decoder:
+        """The policy as a Decoder (for sampling / evaluation)."""
+        return nnx.merge(self.graphdef, self.params)
+
+
+def create_train_state(
+    model: Decoder, cfg: OptimConfig, *, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES
+) -> tuple[TrainState, TrainState]:
+    """A fresh train state around `model`'s parameters, and its shardings.
+
+    The state holds `model`'s own arrays (no copy), and the jitted step donates them: after
+    the first step use `state.model` (or `state.params`), not `model`. Copy the params first
+    (`jax.tree.map(jnp.copy, ...)`) for a frozen reference policy.
+
+    Args:
+      model: the policy (already in its shardings: see `model.build.init_model`).
+      cfg: optimizer configuration.
+      mesh: the device mesh (None: one device).
+      rules: logical-axis rules of the parameters.
+
+    Returns:
+      (state, shardings): `shardings` is a TrainState-shaped tree of shardings to pass as the
+      step's in/out shardings.
+    """
+    graphdef, params = nnx.split(model)
+    p_shard = param_shardings(params, mesh, rules)
+    params = jax.device_put(params, p_shard)  # a no-op when the model was built in its shardings
+    tx = make_optimizer(cfg, params)
+    if mesh is None:
+        scalar = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    else:
+        scalar = NamedSharding(mesh, PartitionSpec())
+
+    abstract_opt = jax.eval_shape(tx.init, params)
+    # Adam moments have the params' structure and shard like them; counts are replicated.
+    params_def = jax.tree.structure(params)
+
+    def opt_shardings(node):
+        if jax.tree.structure(node) == params_def:
+            return p_shard
+        return jax.tree.map(lambda _: scalar, node)
+
+    o_shard = jax.tree.map(opt_shardings, abstract_opt, is_leaf=lambda n: jax.tree.structure(n) == params_def)
+    opt_state = jax.jit(tx.init, out_shardings=o_shard)(params)
+    shardings = TrainState(graphdef=graphdef, params=p_shard, opt_state=o_shard, step=scalar, skipped=scalar)
+    # Two buffers: step and skipped are donated separately.
+    step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), scalar) for _ in range(2))
+    state = TrainState(graphdef=graphdef, params=params, opt_state=opt_state, step=step, skipped=skipped)
+    return state, shardings

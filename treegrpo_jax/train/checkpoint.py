@@ -1,0 +1,385 @@
+"""Orbax checkpoints of the train state plus JSON host state; atomic, async, keep-N.
+
+Layout: `WORKDIR/checkpoints/<step>/` with three Orbax items:
+
+* `params`: the policy parameters (`TrainState.params`), on their own so that an export
+  (`export.export_hf`) restores them without knowing the optimizer's structure;
+* `opt`: `{"opt_state", "step", "skipped"}`, the rest of `TrainState`'s arrays (the
+  `graphdef` is static structure, rebuilt from the model config, never saved);
+* `extra`: a JSON object of host state: data-loader position, PRNG key data as ints,
+  anything the trainer needs to continue exactly where it stopped.
+
+The frozen reference policy of the KL term is constant for a run, so it is written once
+(when `save` is given `reference=`) to `WORKDIR/reference/<step>/`, outside the rotation of
+`keep`: resuming at any later step still finds it. It is written synchronously, before the
+step it came with, so a committed step never lacks the reference it needs.
+
+Atomicity: Orbax writes a step into `<step>.orbax-checkpoint-tmp*` and renames it to
+`<step>` only once every item is complete (on object stores that lack atomic renames it
+writes a commit marker instead). A save that a SIGKILL or preemption interrupts therefore
+leaves at most a tmp directory: `latest_step()` never lists it, so a restart resumes from
+the last good step; the stale directory is removed in the background once the directory is
+opened again (and before that run's first save). Old steps beyond `keep` are deleted only
+after a newer step has committed.
+
+Async: `save` returns once the arrays have been copied off the accelerator; the files are
+written by a background thread, so the next (donating) train step may start at once.
+Call `wait()` before reading the files, and `close()` (or use the context manager) at exit.
+
+Multi-host: every process calls `save` / `restore` with the same arguments (they contain
+collectives). Each process writes the shards of the arrays it holds; the primary process
+(process 0) writes the metadata, the JSON item and performs the commit rename. `restore`
+reads each array straight into the shardings of `abstract_state`, so no process ever holds
+a full copy of a sharded parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from treegrpo_jax.rl.train_state import TrainState
+
+__all__ = ["CheckpointConfig", "CheckpointMismatchError", "Checkpointer", "Restored"]
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not fit the model / optimizer it is restored into."""
+
+
+class Restored(NamedTuple):
+    """What `Checkpointer.restore` returns (unpacks as `state, extra, reference`)."""
+
+    state: TrainState
+    extra: dict[str, Any]
+    reference: nnx.State | None  # the frozen reference policy; None unless asked for
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """When and how checkpoints are written.
+
+    Attributes:
+      keep: most recent checkpoints kept on disk (older ones are deleted after a newer
+        one commits); None keeps all.
+      every_steps: `save` writes at steps that are multiples of this (and when forced);
+        the default 1 writes whenever asked, for trainers that decide the cadence themselves.
+      async_save: write files in a background thread (`wait()` blocks until done).
+    """
+
+    keep: int | None = 3
+    every_steps: int = 1
+    async_save: bool = True
+
+    def __post_init__(self):
+        if self.keep is not None and (not isinstance(self.keep, int) or self.keep < 1):
+            raise ValueError(f"CheckpointConfig.keep must be a positive int or None, got {self.keep!r}")
+        if not isinstance(self.every_steps, int) or self.every_steps < 1:
+            raise ValueError(f"CheckpointConfig.every_steps must be a positive int, got {self.every_steps!r}")
+        if not isinstance(self.async_save, bool):
+            raise ValueError(f"CheckpointConfig.async_save must be a bool, got {self.async_save!r}")
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _flat(tree, is_leaf=None) -> dict[str, Any]:
+    """{"opt_state/1/mu/wq": leaf}: one naming for live pytrees and Orbax metadata trees alike."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
+    return {"/".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _plain(tree):
+    """`tree` with every nnx Variable replaced by its array.
+
+    The files then hold plain nested containers (`params/wq`, not `params/wq/value`): they do
+    not depend on how a Flax version flattens its Variables, and parameters restore into an
+    `nnx.State` or into its pure-dict form (`nnx.to_pure_dict`) alike.
+    """
+    return jax.tree.map(lambda v: v.get_value() if _is_variable(v) else v, tree, is_leaf=_is_variable)
+
+
+def _abstract(tree, item: str):
+    """ShapeDtypeStructs carrying the shardings to restore into (arrays or abstract leaves)."""
+
+    def one(path, x):
+        out = ocp.utils.to_shape_dtype_struct(x)
+        if getattr(out, "sharding", None) is None:
+            name = "/".join(_key_name(k) for k in path)
+            raise ValueError(
+                f"abstract_state {item}/{name} has no sharding: pass the state built by "
+                "create_train_state (or ShapeDtypeStructs with shardings)"
+            )
+        return out
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _check_fits(item: str, metadata, abstract, path: pathlib.Path) -> None:
+    """Raises a one-line CheckpointMismatchError naming the first leaf that does not fit."""
+    where = f"checkpoint {path}"
+    stored = _flat(metadata, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+    wanted = _flat(abstract)
+    for name, want in wanted.items():
+        got = stored.get(name)
+        if got is None:
+            raise CheckpointMismatchError(f"{where}: {item}/{name} is missing (model or optimizer changed?)")
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointMismatchError(
+                f"{where}: {item}/{name} has shape {tuple(got.shape)} but the model expects "
+                f"{tuple(want.shape)} (model config changed?)"
+            )
+        if got.dtype != want.dtype:
+            raise CheckpointMismatchError(
+                f"{where}: {item}/{name} has dtype {got.dtype} but the model expects {want.dtype}"
+            )
+    unexpected = sorted(set(stored) - set(wanted))
+    if unexpected:
+        raise CheckpointMismatchError(
+            f"{where}: {item}/{unexpected[0]} is not in the model or optimizer "
+            f"({len(unexpected)} unexpected entries; model or optimizer changed?)"
+        )
+
+
+def _json_copy(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy through JSON: validates now, and later edits by the caller cannot leak in."""
+    try:
+        return json.loads(json.dumps(dict(extra), allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"checkpoint extra must be JSON-serialisable (ints, floats, strings, lists, dicts; "
+            f"convert arrays with .tolist()): {e}"
+        ) from None
+
+
+class Checkpointer:
+    """Saves and restores `TrainState` + JSON host state under `WORKDIR/checkpoints`.
+
+    Args:
+      workdir: the run's directory (created if needed).
+      cfg: cadence, retention and async behaviour (default: `CheckpointConfig()`).
+    """
+
+    def __init__(self, workdir: str | pathlib.Path, cfg: CheckpointConfig | None = None):
+        self.cfg = cfg = cfg or CheckpointConfig()
+        workdir = pathlib.Path(workdir).absolute()
+        self.directory = workdir / "checkpoints"
+        self.reference_directory = workdir / "reference"
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=cfg.keep,
+                # Removes what a killed save left behind (`<step>.orbax-checkpoint-tmp*`).
+                cleanup_tmp_directories=True,
+                enable_async_checkpointing=cfg.async_save,
+            ),
+            item_handlers={
+                "params": ocp.StandardCheckpointHandler(),
+                "opt": ocp.StandardCheckpointHandler(),
+                "extra": ocp.JsonCheckpointHandler(),
+            },
+        )
+        self._reference_manager: ocp.CheckpointManager | None = None  # opened on first use
+
+    # ------------------------------------------------------------------ queries
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None when there is none."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Every committed step on disk, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def should_save(self, step: int) -> bool:
+        """Whether `save(step, ...)` without `force` would write (cadence and not yet saved)."""
+        latest = self.latest_step()
+        return step % self.cfg.every_steps == 0 and (latest is None or step > latest)
+
+    # --------------------------------------------------------------------- save
+    def save(
+        self,
+        step: int,
+        state: TrainState,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        reference: nnx.State | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Starts writing `state` and `extra` as checkpoint `step` (see the module docstring).
+
+        Args:
+          step: the checkpoint's step (the trainer's RL step count).
+          state: the train state; its arrays are copied off the device before returning,
+            so the caller may donate them right after.
+          extra: JSON-serialisable host state (loader position, RNG key data, ...).
+          reference: the frozen reference policy's params; written once, synchronously,
+            replacing any earlier reference (pass it with the first checkpoint only).
+          force: write even off the `every_steps` cadence (final step, SIGTERM).
+
+        Returns:
+          True if a save was started; False when skipped (off cadence, or `step` is not
+          newer than the latest saved step — e.g. the final step was also a periodic one).
+        """
+        extra = _json_copy(extra or {})
+        if reference is not None:
+            self._save_reference(step, reference)
+        latest = self.latest_step()
+        if latest is not None and step <= latest:
+            return False
+        if not force and step % self.cfg.every_steps:
+            return False
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(_plain(state.params)),
+            opt=ocp.args.StandardSave(
+                _plain({"opt_state": state.opt_state, "step": state.step, "skipped": state.skipped})
+            ),
+            extra=ocp.args.JsonSave(extra),
+        )
+        # The cadence was decided above; `force` stops Orbax from applying its own.
+        saved = self._manager.save(step, args=args, force=True)
+        logging.info("checkpoint: started saving step %d to %s", step, self.directory)
+        return saved
+
+    @property
+    def _reference(self) -> ocp.CheckpointManager:
+        # Lazily: a run without a reference policy (or a read-only export) leaves no directory.
+        if self._reference_manager is None:
+            self._reference_manager = ocp.CheckpointManager(
+                self.reference_directory,
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=1, cleanup_tmp_directories=True, enable_async_checkpointing=False
+                ),
+                item_handlers={"params": ocp.StandardCheckpointHandler()},
+            )
+        return self._reference_manager
+
+    def _save_reference(self, step: int, reference: nnx.State) -> None:
+        if step in self._reference.all_steps():  # a restarted run re-creating its reference
+            self._reference.delete(step)
+        args = ocp.args.Composite(params=ocp.args.StandardSave(_plain(reference)))
+        self._reference.save(step, args=args, force=True)
+        self._reference.wait_until_finished()  # committed before any step that relies on it
+
+    def wait(self) -> None:
+        """Blocks until every started save has committed."""
+        self._manager.wait_until_finished()
+
+    # ------------------------------------------------------------------ restore
+    def _step(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            return steps[-1]
+        if step not in steps:
+            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; steps: {steps}")
+        return step
+
+    def _restore_item(self, manager, step: int, item: str, abstract):
+        target = _plain(abstract)
+        metadata = manager.item_metadata(step)[item]
+        _check_fits(item, metadata, target, pathlib.Path(manager.directory) / str(step))
+        args = ocp.args.Composite(**{item: ocp.args.StandardRestore(target)})
+        restored = manager.restore(step, args=args)[item]
+        # Back into the caller's containers (Variables and their metadata): same leaf order.
+        return jax.tree.unflatten(jax.tree.structure(abstract), jax.tree.leaves(restored))
+
+    def _restore_json(self, step: int) -> dict:
+        args = ocp.args.Composite(extra=ocp.args.JsonRestore())
+        return dict(self._manager.restore(step, args=args)["extra"] or {})
+
+    def restore(
+        self, step: int | None = None, *, abstract_state: TrainState, with_reference: bool = False
+    ) -> Restored:
+        """Reads checkpoint `step` (default: the latest) into `abstract_state`'s shardings.
+
+        Args:
+          step: which step; None for the latest.
+          abstract_state: a TrainState whose leaves are arrays (e.g. the fresh state from
+            `create_train_state`) or ShapeDtypeStructs with shardings; its `graphdef` is
+            kept, its values are not read.
+          with_reference: also read the reference policy (into the params' shardings).
+
+        Returns:
+          `Restored(state, extra, reference)`; `reference` is None unless `with_reference`.
+
+        Raises:
+          FileNotFoundError: no such checkpoint (or no reference policy when asked for).
+          CheckpointMismatchError: a saved array's path, shape or dtype does not match the
+            model / optimizer (one line naming the first mismatched entry).
+        """
+        self.wait()  # a save still in flight must not be read half-written
+        step = self._step(step)
+        s = abstract_state
+        params_abstract = _abstract(s.params, "params")
+        params = self._restore_item(self._manager, step, "params", params_abstract)
+        opt_abstract = _abstract({"opt_state": s.opt_state, "step": s.step, "skipped": s.skipped}, "opt")
+        opt = self._restore_item(self._manager, step, "opt", opt_abstract)
+        state = s.replace(params=params, opt_state=opt["opt_state"], step=opt["step"], skipped=opt["skipped"])
+        reference = self.restore_reference(abstract_params=params_abstract) if with_reference else None
+        return Restored(state, self._restore_json(step), reference)
+
+    def restore_params(self, step: int | None = None, *, abstract_params: nnx.State) -> nnx.State:
+        """Reads only the policy parameters of checkpoint `step` (default: the latest).
+
+        Args:
+          step: which step; None for the latest.
+          abstract_params: parameters (arrays or ShapeDtypeStructs with shardings), as an
+            `nnx.State` (e.g. `abstract_model(cfg)[1]` with shardings on its leaves) or in
+            pure-dict form (`nnx.to_pure_dict`).
+
+        Returns:
+          The parameters in `abstract_params`' containers and shardings.
+        """
+        self.wait()
+        step = self._step(step)
+        return self._restore_item(self._manager, step, "params", _abstract(abstract_params, "params"))
+
+    def restore_reference(self, *, abstract_params: nnx.State) -> nnx.State:
+        """Reads the reference policy saved with `save(..., reference=...)`.
+
+        Raises:
+          FileNotFoundError: no reference policy was saved in this workdir.
+        """
+        step = self._reference.latest_step() if self.reference_directory.is_dir() else None
+        if step is None:
+            raise FileNotFoundError(
+                f"no reference policy in {self.reference_directory}: the run's first checkpoint "
+                "was saved without `reference=`"
+            )
+        return self._restore_item(self._reference, step, "params", _abstract(abstract_params, "params"))
+
+    def restore_extra(self, step: int | None = None) -> dict:
+        """Reads only the JSON host state of checkpoint `step` (default: the latest)."""
+        self.wait()
+        return self._restore_json(self._step(step))
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Waits for pending saves and releases Orbax's threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+        if self._reference_manager is not None:
+            self._reference_manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

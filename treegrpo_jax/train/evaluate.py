@@ -1,0 +1,64 @@
+"""Greedy evaluation: one chain per question, pure EM per data source."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from treegrpo_jax.data.rows import QARow
+from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
+from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.tree import Tree
+from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+
+CHAIN = TreeSearchConfig(num_trees=1, num_picks=0, num_rounds=0)
+
+
+def leaf_metrics(trees: Sequence[Tree], prefix: str) -> dict[str, float]:
+    """Means over all leaves: reward, EM, tool calls and generated tokens per trajectory."""
+    rewards, ems, calls, lengths = [], [], [], []
+    for tree in trees:
+        for leaf in tree.leaves():
+            rewards.append(leaf.reward)
+            ems.append(leaf.em)
+            calls.append(leaf.tool_calls)
+            lengths.append(sum(len(n.tokens) for n in tree.path(leaf.node_id)))
+    return {
+        f"{prefix}/reward_mean": float(np.mean(rewards)),
+        f"{prefix}/em_mean": float(np.mean(ems)),
+        f"{prefix}/tool_calls_mean": float(np.mean(calls)),
+        f"{prefix}/response_tokens_mean": float(np.mean(lengths)),
+    }
+
+
+def evaluate(
+    engine: Engine, env: AgentEnv, rows: Sequence[QARow], agent: AgentConfig, *, seed: int = 0
+) -> tuple[dict[str, float], list[Tree]]:
+    """EM overall and per `data_source`, tool calls per question and response length."""
+    trees, stats = rollout(engine, env, rows, CHAIN, agent, key=jax.random.key(seed), greedy=True)
+    by_source: dict[str, list[float]] = collections.defaultdict(list)
+    for row, tree in zip(rows, trees, strict=True):
+        by_source[row.data_source].append(tree.leaves()[0].em)
+    metrics = leaf_metrics(trees, "eval")
+    metrics["eval/em"] = metrics.pop("eval/em_mean")
+    for source, ems in sorted(by_source.items()):
+        metrics[f"eval/em/{source}"] = float(np.mean(ems))
+    metrics["eval/wall_s"] = stats.wall
+    return metrics, trees
+
+
+def format_table(metrics: dict[str, float]) -> str:
+    """A plain-text table of EM per data source."""
+    lines = [f"{'data source':<24} {'EM':>7}", "-" * 32]
+    for key, value in sorted(metrics.items()):
+        if key.startswith("eval/em/"):
+            lines.append(f"{key[len('eval/em/') :]:<24} {100 * value:>6.1f}")
+    lines.append(f"{'all':<24} {100 * metrics['eval/em']:>6.1f}")
+    lines.append(
+        f"tool calls / question {metrics['eval/tool_calls_mean']:.2f}; "
+        f"response tokens {metrics['eval/response_tokens_mean']:.0f}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""`train_and_evaluate`: cold start → Tree-GRPO steps → evaluation, checkpoints and logs.
+
+One RL step: the loader's next prompts → tree rollouts on the current weights (the
+engine holds the train state's own arrays: no copy) → one row per root-to-leaf path →
+advantages over all rows and the clipped update (`rl.train_step`) → metrics. Every
+`eval_every` steps, greedy EM on the test rows; every `checkpoint_every` steps, an
+Orbax checkpoint with the optimizer, the data-loader position and the step. Re-running
+the same command resumes from the latest checkpoint; SIGTERM (TPU preemption) finishes
+the current step, saves, and exits cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import tqdm
+from flax import nnx
+
+from treegrpo_jax.data.loader import LoaderConfig, RowLoader
+from treegrpo_jax.parallel.mesh import make_mesh
+from treegrpo_jax.rl.batch import build_batch, rows_from_trees, shard_batch
+from treegrpo_jax.rl.train_state import create_train_state
+from treegrpo_jax.rl.train_step import jit_train_step
+from treegrpo_jax.rollout.render import render_trees
+from treegrpo_jax.rollout.tree_search import rollout
+from treegrpo_jax.train import setup
+from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
+from treegrpo_jax.train.cold_start import cold_start
+from treegrpo_jax.train.config import ModelSource, TrainConfig
+from treegrpo_jax.train.evaluate import evaluate, format_table, leaf_metrics
+from treegrpo_jax.train.export import save_model_config
+from treegrpo_jax.train.metrics import MetricsWriter
+from treegrpo_jax.train.plots import plot_metrics
+
+log = logging.getLogger(__name__)
+
+
+class _Preempted:
+    """Remembers a SIGTERM so the loop can save at the end of the current step."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        del signum, frame
+        self.requested = True
+
+
+def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
+    """Runs (or resumes) the whole job in `workdir`; returns the final evaluation metrics."""
+    if cfg.run.distributed:
+        jax.distributed.initialize()
+    os.makedirs(workdir, exist_ok=True)
+    primary = jax.process_index() == 0
+    mesh = make_mesh(cfg.mesh) if jax.device_count() > 1 else None
+    preempted = _Preempted()
+
+    data = setup.load_data(cfg, workdir)
+    retriever = setup.make_retriever(cfg, data)
+    tokenizer = (
+        setup.make_tokenizer(cfg, data, retriever, workdir)
+        if cfg.model.source == ModelSource.SCRATCH
+        else None
+    )
+    model, model_cfg, tokenizer = setup.make_model(cfg, tokenizer, mesh)
+    env = setup.make_env(cfg, tokenizer, retriever)
+    if primary:
+        save_model_config(workdir, model_cfg)
+        tokenizer.backend.save_pretrained(os.path.join(workdir, "tokenizer"))
+    test_rows = list(data.test[: cfg.data.eval_prompts or None])
+    writer = MetricsWriter(
+        workdir,
+        tensorboard=cfg.run.tensorboard,
+        wandb_project=cfg.run.wandb_project or None,
+        is_primary=primary,
+    )
+    ckpt = Checkpointer(
+        workdir, CheckpointConfig(keep=cfg.run.keep_checkpoints, every_steps=cfg.run.checkpoint_every)
+    )
+    plots_dir = os.path.join(workdir, "plots")
+    os.makedirs(plots_dir, exist_ok=True)
+
+    g = cfg.tree.leaves_per_prompt
+    slots = cfg.run.rollout_slots or max(
+        cfg.run.prompts_per_step * g, len(test_rows) and min(len(test_rows), 256)
+    )
+    loader = RowLoader(
+        data.train,
+        LoaderConfig(batch_size=cfg.run.prompts_per_step // jax.process_count(), seed=cfg.run.seed),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+    def log_metrics(step, metrics):
+        writer.write(step, metrics)
+
+    def run_eval(step, engine):
+        metrics, trees = evaluate(engine, env, test_rows, cfg.agent, seed=cfg.run.seed)
+        log_metrics(step, metrics)
+        if primary and cfg.run.render_trees:
+            render_trees(
+                trees[: cfg.run.render_trees], os.path.join(plots_dir, f"eval_trees_step{step:05d}.png")
+            )
+        tqdm.tqdm.write(f"[step {step}] eval EM {100 * metrics['eval/em']:.1f}\n{format_table(metrics)}")
+        return metrics
+
+    latest = ckpt.latest_step()
+    ref_params = None
+    if latest is None:
+        if cfg.sft.steps:
+            params, demo_reward = cold_start(
+                model,
+                tokenizer,
+                env,
+                data.train,
+                cfg.sft,
+                mesh=mesh,
+                length_buckets=cfg.layout.length_buckets,
+                seed=cfg.run.seed,
+                on_metrics=lambda s, m: None,
+            )
+            nnx.update(model, params)
+            log.info("cold start done (demonstration reward %.3f)", demo_reward)
+        state, shardings = create_train_state(model, cfg.optim, mesh=mesh)
+        start, extra = 0, {"loader": loader.get_state()}
+        engine = setup.make_engine(state.model, tokenizer, num_slots=slots, max_len=cfg.run.context_len)
+        writer.truncate_after(-1)  # a run killed before its first checkpoint starts its log afresh
+        run_eval(0, engine)  # EM after the cold start
+        if cfg.loss.uses_reference:  # the frozen KL reference: saved once, beside the checkpoints
+            ref_params = jax.tree.map(jnp.copy, state.params)
+        ckpt.save(0, state, extra, reference=ref_params, force=True)
+    else:
+        state, shardings = create_train_state(model, cfg.optim, mesh=mesh)
+        state, extra, ref_params = ckpt.restore(
+            latest, abstract_state=state, with_reference=cfg.loss.uses_reference
+        )
+        start = latest
+        writer.truncate_after(start)
+        engine = setup.make_engine(state.model, tokenizer, num_slots=slots, max_len=cfg.run.context_len)
+        log.info("resumed from step %d", start)
+    loader.set_state(extra["loader"])
+
+    step_fn = jit_train_step(shardings, loss_cfg=cfg.loss, optim_cfg=cfg.optim, mesh=mesh)
+    root_key = jax.random.key(cfg.run.seed)
+    final_eval: dict[str, float] = {}
+    bar = tqdm.trange(
+        start, cfg.run.steps, initial=start, total=cfg.run.steps, desc="Tree-GRPO", dynamic_ncols=True
+    )
+    for step in bar:
+        t0 = time.perf_counter()
+        rows = next(loader)
+        base_uid = step * cfg.run.prompts_per_step + jax.process_index() * len(rows)
+        trees, rstats = rollout(
+            engine,
+            env,
+            rows,
+            cfg.tree,
+            cfg.agent,
+            key=jax.random.fold_in(root_key, step),
+            prompt_uids=[base_uid + i for i in range(len(rows))],
+        )
+        t1 = time.perf_counter()
+        batch = shard_batch(build_batch(rows_from_trees(trees), cfg.layout), mesh)
+        state, train_metrics = step_fn(state, batch, ref_params)
+        engine.set_params(state.params)  # the next rollout samples from the updated policy, no copy
+        metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
+        metrics.update(leaf_metrics(trees, "train"))
+        metrics.update({f"rollout/{k}": float(v) for k, v in rstats.as_dict().items()})
+        metrics["rollout/reprefill_ratio"] = rstats.reprefill_tokens / max(1, rstats.prefilled_tokens)
+        metrics["time/rollout_s"], metrics["time/step_s"] = t1 - t0, time.perf_counter() - t0
+        done = step + 1
+        log_metrics(done, metrics)
+        bar.set_postfix(
+            reward=f"{metrics['train/reward_mean']:.3f}",
+            em=f"{metrics['train/em_mean']:.3f}",
+            calls=f"{metrics['train/tool_calls_mean']:.2f}",
+        )
+        last = done == cfg.run.steps
+        if done % cfg.run.eval_every == 0 or last:
+            final_eval = run_eval(done, engine)
+            if primary:
+                plot_metrics(os.path.join(workdir, "metrics.jsonl"), plots_dir)
+        ckpt.save(done, state, {"loader": loader.get_state()}, force=last or preempted.requested)
+        if preempted.requested and not last:
+            ckpt.wait()
+            tqdm.tqdm.write(f"SIGTERM: saved step {done}; re-run the same command to resume")
+            writer.close()
+            raise SystemExit(0)
+    ckpt.wait()
+    ckpt.close()
+    writer.close()
+    if primary:
+        plot_metrics(os.path.join(workdir, "metrics.jsonl"), plots_dir)
+        with open(os.path.join(workdir, "final_eval.json"), "w") as f:
+            json.dump(final_eval, f, indent=2)
+    return final_eval

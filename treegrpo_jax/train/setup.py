@@ -1,0 +1,139 @@
+"""Builds a run's parts from a TrainConfig: data, tokenizer, model, retriever, engine.
+
+Everything derived (the synthetic world, the trained tokenizer) is written under the
+workdir the first time and read back on resume, so a resumed run sees the same ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from jax.sharding import Mesh
+
+from treegrpo_jax.data.readers import read_rows
+from treegrpo_jax.data.rows import QARow
+from treegrpo_jax.data.synthetic_world import World, build_world, write_world
+from treegrpo_jax.env.bm25 import BM25Retriever
+from treegrpo_jax.env.http_client import HttpRetriever, HttpRetrieverConfig
+from treegrpo_jax.env.prompt import PromptConfig
+from treegrpo_jax.env.retrieval import Retriever
+from treegrpo_jax.env.scripted_agent import CharTokenizer, ScriptConfig, make_demonstrations
+from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
+from treegrpo_jax.model.build import init_model
+from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.decoder import Decoder
+from treegrpo_jax.model.pretrained import load_pretrained
+from treegrpo_jax.model.tokenizer import Tokenizer
+from treegrpo_jax.rollout.agent import AgentEnv
+from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
+from treegrpo_jax.train.config import DataKind, ModelSource, RetrieverKind, TrainConfig
+
+log = logging.getLogger(__name__)
+
+STOP_STRINGS = ("</search>", "</answer>")
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    train: tuple[QARow, ...]
+    test: tuple[QARow, ...]
+    world: World | None
+    corpus_path: str
+
+
+def load_data(cfg: TrainConfig, workdir: str) -> Data:
+    if cfg.data.kind == DataKind.SYNTHETIC:
+        world_dir = os.path.join(workdir, "world")
+        world = (
+            write_world(cfg.data.world, world_dir)
+            if not os.path.exists(world_dir)
+            else build_world(cfg.data.world)
+        )
+        return Data(tuple(world.train), tuple(world.test), world, os.path.join(world_dir, "corpus.jsonl"))
+    train = read_rows(list(cfg.data.train_files), skip_bad_rows=cfg.data.skip_bad_rows)
+    test = read_rows(list(cfg.data.test_files), skip_bad_rows=cfg.data.skip_bad_rows)
+    for name, res in (("train", train), ("test", test)):
+        if res.num_skipped:
+            log.warning("skipped %d bad %s rows, e.g. %s", res.num_skipped, name, res.bad_rows[0])
+    return Data(train.rows, test.rows, None, cfg.retriever.corpus)
+
+
+def make_retriever(cfg: TrainConfig, data: Data) -> Retriever:
+    if cfg.retriever.kind == RetrieverKind.HTTP:
+        return HttpRetriever(
+            HttpRetrieverConfig(
+                url=cfg.retriever.url,
+                timeout_s=cfg.retriever.timeout_s,
+                max_retries=cfg.retriever.max_retries,
+            )
+        )
+    if data.world is not None:
+        return BM25Retriever.from_texts([r["contents"] for r in data.world.corpus_rows()])
+    if not data.corpus_path:
+        raise ValueError(
+            "config.retriever.corpus is empty: set it to a corpus JSONL for BM25, or use kind=http"
+        )
+    return BM25Retriever.from_corpus(data.corpus_path)
+
+
+def make_tokenizer(cfg: TrainConfig, data: Data, retriever: Retriever, workdir: str) -> Tokenizer:
+    """SCRATCH models get a BPE trained on the world's passages and draft demonstrations."""
+    out = os.path.join(workdir, "tokenizer")
+    if os.path.exists(os.path.join(out, "tokenizer.json")):
+        return Tokenizer.from_hf_dir(out)
+    if data.world is None:
+        raise ValueError(
+            "config.model.source=scratch needs data.kind=synthetic (a corpus to train the BPE on)"
+        )
+    prompt = PromptConfig.from_template(cfg.template)
+    drafts = make_demonstrations(
+        list(data.train[:400]),
+        retriever=retriever,
+        tokenizer=CharTokenizer(),
+        cfg=ScriptConfig(),
+        prompt=prompt,
+    )
+    texts = (
+        list(data.world.passages)
+        + [d.transcript() for d in drafts]
+        + [prompt.render(r.question) for r in data.train]
+    )
+    return train_bpe_tokenizer(texts, vocab_size=cfg.model.tokenizer_vocab, out_dir=out)
+
+
+def make_model(
+    cfg: TrainConfig, tokenizer: Tokenizer | None, mesh: Mesh | None
+) -> tuple[Decoder, ModelConfig, Tokenizer]:
+    if cfg.model.source == ModelSource.PRETRAINED:
+        return load_pretrained(
+            cfg.model.path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype
+        )
+    assert tokenizer is not None
+    model_cfg = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        **dict(cfg.model.dims),
+        dtype=cfg.model.dtype,
+        param_dtype=cfg.model.param_dtype,
+        eos_token_ids=tokenizer.eos_ids,
+        max_position_embeddings=cfg.run.context_len,
+    )
+    return init_model(model_cfg, seed=cfg.run.seed, mesh=mesh), model_cfg, tokenizer
+
+
+def make_env(cfg: TrainConfig, tokenizer: Tokenizer, retriever: Retriever) -> AgentEnv:
+    return AgentEnv(
+        tokenizer=tokenizer,
+        retriever=retriever,
+        prompt=PromptConfig.from_template(cfg.template),
+        observation=cfg.observation,
+    )
+
+
+def make_engine(model: Decoder, tokenizer: Tokenizer, *, num_slots: int, max_len: int) -> Engine:
+    table = make_stop_table(token_bytes(tokenizer), STOP_STRINGS, vocab_size=model.cfg.vocab_size)
+    return Engine(
+        model, num_slots=num_slots, max_len=max_len, eos_ids=tokenizer.eos_ids, stop_table=table, min_rows=8
+    )
