@@ -68,3 +68,14 @@ def test_unknown_key_is_rejected():
 def test_unknown_variant_is_rejected():
     with pytest.raises(ValueError, match="unknown variant 'tree_x=1'"):
         multihop.get_config("tiny,tree_x=1")
+
+
+def test_singlehop_tiny_keeps_one_hop_questions():
+    spec = importlib.util.spec_from_file_location(
+        "singlehop", pathlib.Path(__file__).parents[2] / "configs/singlehop.py"
+    )
+    singlehop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(singlehop)
+    cfg = from_config_dict(singlehop.get_config("tiny"))
+    assert cfg.data.world.questions_per_hop == (1600, 0, 0, 0)
+    assert cfg.sft.script.max_tool_calls == cfg.agent.max_tool_calls == 2
