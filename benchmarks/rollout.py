@@ -89,7 +89,7 @@ class BenchConfig:
     profile_contexts: tuple[int, ...] = (64, 960)
     profile_steps: int = 8
     # tree part
-    tree_prompts: int = 16
+    tree_prompts: int = 8
     policy_workdir: str = ""  # a trained :tiny workdir; empty: random weights
     seed: int = 0
 
@@ -459,8 +459,14 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
     }
     out: dict = {"tree": {"prompts": len(rows), "policy": bc.policy_workdir or "random weights"}}
     for name, shape in shapes.items():
+        # One row bucket (all slots): each (rows, span) shape compiles once, and a few spans suffice.
         engine = Engine(
-            policy, num_slots=len(rows) * 6, max_len=1024, eos_ids=tok.eos_ids, stop_table=table, min_rows=8
+            policy,
+            num_slots=len(rows) * 6,
+            max_len=768,
+            eos_ids=tok.eos_ids,
+            stop_table=table,
+            min_rows=len(rows) * 6,
         )
         rollout(engine, env, rows, shape, agent, key=jax.random.key(bc.seed))  # compile
         walls, stats = [], None
