@@ -459,14 +459,14 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
     }
     out: dict = {"tree": {"prompts": len(rows), "policy": bc.policy_workdir or "random weights"}}
     for name, shape in shapes.items():
-        # One row bucket (all slots): each (rows, span) shape compiles once, and a few spans suffice.
+        # Rows bucketed to the live slots (powers of two from 8): a phase pays only for its rows.
         engine = Engine(
             policy,
             num_slots=len(rows) * 6,
             max_len=768,
             eos_ids=tok.eos_ids,
             stop_table=table,
-            min_rows=len(rows) * 6,
+            min_rows=8,
         )
         rollout(engine, env, rows, shape, agent, key=jax.random.key(bc.seed))  # compile
         walls, stats = [], None
