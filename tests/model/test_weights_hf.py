@@ -17,6 +17,7 @@ from treegrpo_jax.model.config import ModelConfig, RopeScaling
 from treegrpo_jax.model.decoder import causal_mask
 from treegrpo_jax.model.weights_hf import (
     MAPPINGS,
+    DictSource,
     assemble_decoder,
     expected_tensors,
     hf_shape,
@@ -48,7 +49,7 @@ def random_model(cfg: ModelConfig, seed: int = 0):
         for name in names:
             noise = rng.standard_normal(hf_shape(m, cfg)).astype(np.float32)
             tensors[name] = 1 + 0.1 * noise if "norm" in name else 0.1 * noise
-    return assemble_decoder(_DictSource(tensors), cfg)
+    return assemble_decoder(DictSource(tensors), cfg)
 
 
 def _params(model) -> dict:
@@ -124,7 +125,7 @@ def test_read_block_equals_slice_of_full_conversion(name):
     m, cfg = MAPPINGS[name], QWEN
     rng = np.random.default_rng(0)
     hf = rng.standard_normal(hf_shape(m, cfg)).astype(np.float32)
-    source = _DictSource({"t": hf})
+    source = DictSource({"t": hf})
     ours = read_block(source, m, "t", tuple(slice(0, n) for n in _our_shape(m, cfg)), cfg)
     np.testing.assert_array_equal(to_hf_layout(m, ours, cfg), hf)  # the inverse is exact
     for _ in range(5):
@@ -138,20 +139,6 @@ def test_read_block_equals_slice_of_full_conversion(name):
 def _our_shape(m, cfg):
     sizes = dict(e=cfg.embed_dim, f=cfg.mlp_dim, h=cfg.num_heads, k=cfg.num_kv_heads, d=cfg.head_dim)
     return tuple(sizes.get(a, cfg.vocab_size) for a in m.ours.split())
-
-
-class _DictSource:
-    def __init__(self, tensors):
-        self.tensors = tensors
-
-    def names(self):
-        return list(self.tensors)
-
-    def shape(self, name):
-        return self.tensors[name].shape if name in self.tensors else None
-
-    def read(self, name, index):
-        return self.tensors[name][index]
 
 
 # ----------------------------------------------------------------- bad input

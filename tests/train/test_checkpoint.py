@@ -18,7 +18,7 @@ from flax import nnx
 
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.decoder import causal_mask
-from treegrpo_jax.model.weights_hf import assemble_decoder, expected_tensors, hf_shape
+from treegrpo_jax.model.weights_hf import DictSource, assemble_decoder, expected_tensors, hf_shape
 from treegrpo_jax.rl import OptimConfig, TrainState, create_train_state
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer, CheckpointMismatchError
 from treegrpo_jax.train.export import (
@@ -34,22 +34,6 @@ TINY = ModelConfig(
 )  # fmt: skip
 
 
-class _DictSource:
-    """HF-named NumPy tensors as a `weights_hf.TensorSource`."""
-
-    def __init__(self, tensors):
-        self.tensors = tensors
-
-    def names(self):
-        return list(self.tensors)
-
-    def shape(self, name):
-        return self.tensors[name].shape if name in self.tensors else None
-
-    def read(self, name, index):
-        return self.tensors[name][index]
-
-
 def random_model(cfg: ModelConfig, seed: int = 0):
     """Random weights from NumPy (JAX random ops would take seconds to compile per config)."""
     rng = np.random.default_rng(seed)
@@ -58,7 +42,7 @@ def random_model(cfg: ModelConfig, seed: int = 0):
         for name in names:
             noise = rng.standard_normal(hf_shape(m, cfg)).astype(np.float32)
             tensors[name] = 1 + 0.1 * noise if "norm" in name else 0.1 * noise
-    return assemble_decoder(_DictSource(tensors), cfg)
+    return assemble_decoder(DictSource(tensors), cfg)
 
 
 def random_train_state(cfg: ModelConfig, seed: int = 0) -> TrainState:

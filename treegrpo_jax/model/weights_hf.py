@@ -217,6 +217,22 @@ def assemble_decoder(
 
 
 # ------------------------------------------------------------------ safetensors
+class DictSource:
+    """HF-named in-memory arrays (e.g. a converted state dict) as a `TensorSource`."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def names(self):
+        return list(self.tensors)
+
+    def shape(self, name):
+        return self.tensors[name].shape if name in self.tensors else None
+
+    def read(self, name, index):
+        return self.tensors[name][index]
+
+
 class SafetensorsSource:
     """Reads blocks of tensors from one or many safetensors files (memory-mapped)."""
 
