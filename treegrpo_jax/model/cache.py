@@ -52,14 +52,16 @@ def cache_abstract(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -
     return jax.eval_shape(lambda: init_cache(cfg, num_slots, max_len, dtype))
 
 
-def fork_slots(cache: KVCache, src: Int[Array, " N"], dst: Int[Array, " N"]) -> KVCache:
-    """Copies slot src[i] into slot dst[i] (whole slot, and its length).
+def fork_slots(
+    cache: KVCache, src: Int[Array, " N"], dst: Int[Array, " N"], lengths: Int[Array, " N"]
+) -> KVCache:
+    """Copies slot src[i] into slot dst[i] and sets dst[i]'s length to lengths[i].
 
-    Copying the full slot rather than the first `length` tokens keeps the shapes static;
-    positions past the length are never attended to, so the result is the same.
-    Pairs with dst == S (out of range) are ignored, which lets callers pad N.
+    Copying the whole slot rather than the first `length` tokens keeps the shapes static;
+    positions past the length are never attended to, so the result is the same. A length
+    shorter than the source's starts a branch from a prefix. Pairs with dst == S (out of
+    range) are ignored, which lets callers pad N.
     """
     k = cache.k.at[:, dst].set(cache.k[:, src], mode="drop")
     v = cache.v.at[:, dst].set(cache.v[:, src], mode="drop")
-    lengths = cache.lengths.at[dst].set(cache.lengths[src], mode="drop")
-    return KVCache(k=k, v=v, lengths=lengths)
+    return KVCache(k=k, v=v, lengths=cache.lengths.at[dst].set(lengths, mode="drop"))

@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 
 import jax
-import numpy as np
 
 from treegrpo_jax.env.actions import Answer, Search, parse_action
 from treegrpo_jax.env.observation import ObservationConfig, format_observation
@@ -230,7 +229,3 @@ def advance(
         times.host += t4 - t3
         times.append += time.perf_counter() - t4
         active = still
-
-
-def leaf_counts(trees: Sequence[Tree]) -> np.ndarray:
-    return np.asarray([len(t.leaves()) for t in trees])

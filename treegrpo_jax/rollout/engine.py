@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from treegrpo_jax.model.cache import KVCache, init_cache
+from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
 from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.rollout import stops as stops_lib
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
@@ -151,10 +151,7 @@ def _decode(
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def _fork(cache: KVCache, src, dst, lengths):
-    """Copies slot src[i] into dst[i] and sets its length; dst == S (padding) is dropped."""
-    k = cache.k.at[:, dst].set(cache.k[:, src], mode="drop")
-    v = cache.v.at[:, dst].set(cache.v[:, src], mode="drop")
-    return KVCache(k=k, v=v, lengths=cache.lengths.at[dst].set(lengths, mode="drop"))
+    return fork_slots(cache, src, dst, lengths)
 
 
 class Engine:
