@@ -1,8 +1,10 @@
-"""RL train-step throughput vs the measured matmul peak, and vectorised vs loop advantages.
+"""RL train-step throughput vs the measured matmul peak; vectorised vs loop advantages; packed vs paths.
 
     .venv/bin/python benchmarks/train_step.py --out=workdir/bench_train_step.json
+    .venv/bin/python benchmarks/train_step.py --parts=packed --out=/tmp/packed.json   # ~4 min here
 
-Three measurements in one process (so peak and step see the same machine state):
+Parts (`--parts`, comma-separated; default all), in one process (so peak and step see the
+same machine state):
   (a) the matmul peak: a jitted 2048³ f32 matmul, and bf16 inputs with f32 accumulation
       (median of several runs);
   (b) the Tree-GRPO train step (`rl.jit_train_step`, KL on: one extra reference forward) on a
@@ -15,8 +17,20 @@ Three measurements in one process (so peak and step see the same machine state):
       (next-token CE + AdamW) of the same model runs as the in-process baseline. Peak, RL step
       and plain step are measured in turn, several rounds, each MFU against the peak measured
       just before it (medians reported), so other jobs' load hits all three alike;
-  (c) `rl.advantages.compute` on 10^5 rows (jitted, median) vs a plain NumPy/Python loop.
-Prints a table and writes JSON. The CPU is shared with other jobs: numbers are noisy.
+  (c) `rl.advantages.compute` on 10^5 rows (jitted, median) vs a plain NumPy/Python loop;
+  (d) `packed`: the same jitted train step on the same real rollout trees in both layouts —
+      one row per root-to-leaf path vs each tree's unique tokens once (`rl.packed`) — for
+      tree shapes (2,2,1) and (4,5,1) grown by `rollout.tree_search.rollout` on the synthetic
+      world (BM25, a BPE tokenizer trained on the world, the `:tiny` agent limits, the `:tiny`
+      policy's dimensions with random weights: its invalid actions get feedback observations,
+      so paths run the full turn budget), with the `:tiny` loss (no KL: no reference forward).
+      Packed rows attend block-sparse (`packed.key_blocks`). Both layouts get the fewest
+      micro-batches whose attention scores fit `--pair_budget`. Timed interleaved (paths,
+      packed, paths, ...) after compiling, medians; speedup = paths / packed step time,
+      reported next to the ratio of path tokens to unique tokens (JSON keys
+      `packed_vs_paths_speedup_{221,451}`, `path_to_unique_token_ratio_{221,451}`).
+Parts (a)+(b) are `mfu`, (c) `advantages`, (d) `packed`. Prints tables and writes JSON. The
+CPU is shared with other jobs: numbers are noisy.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,9 +58,11 @@ from treegrpo_jax.rl import (
     OptimConfig,
     PathRow,
     advantages,
+    batch_from_trees,
     build_batch,
     create_train_state,
     jit_train_step,
+    rows_from_trees,
 )
 
 # ~42M parameters (34M in matmuls): Llama layout, untied head, f32.
@@ -235,68 +252,291 @@ def advantage_speed(num_rows: int, repeats: int) -> dict[str, float]:
     }
 
 
+# ------------------------------------------------------------------- packed vs paths
+# The `:tiny` policy's dimensions (configs/multihop.py), on a BPE vocabulary of 1024.
+PACKED_MODEL = dict(embed_dim=128, mlp_dim=384, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32)
+TREE_SHAPES = {"221": (2, 2, 1), "451": (4, 5, 1)}
+PACKED_BUCKETS = (256, 384, 512, 768, 1024, 2048, 4096)  # :tiny's, and room for whole (4,5,1) trees
+
+
+def rollout_trees(shapes: dict[str, tuple[int, int, int]], prompts: dict[str, int], seed: int):
+    """Real rollout trees of each shape on the synthetic world, and the model that grew them."""
+    from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
+    from treegrpo_jax.env.bm25 import BM25Retriever
+    from treegrpo_jax.env.observation import ObservationConfig
+    from treegrpo_jax.env.prompt import PromptConfig
+    from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
+    from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
+    from treegrpo_jax.rollout.engine import Engine
+    from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
+    from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+
+    world = build_world(WorldConfig(seed=seed))
+    retriever = BM25Retriever.from_texts([r["contents"] for r in world.corpus_rows()])
+    tok = train_bpe_tokenizer(list(world.passages) + [r.question for r in world.train], vocab_size=1024)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, **PACKED_MODEL)
+    model = init_model(cfg, seed=seed)
+    env = AgentEnv(
+        tokenizer=tok,
+        retriever=retriever,
+        prompt=PromptConfig.from_template("search_agent_terse"),
+        observation=ObservationConfig(passage_tokens=56, max_tokens=72),
+    )
+    agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)  # the :tiny limits
+    table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=cfg.vocab_size)
+    trees = {}
+    for name, (m, n, rounds) in shapes.items():
+        shape = TreeSearchConfig(num_trees=m, num_picks=n, num_rounds=rounds)
+        rows = list(world.train[: prompts[name]])
+        engine = Engine(
+            model,
+            num_slots=len(rows) * shape.leaves_per_prompt,
+            max_len=1024,
+            eos_ids=tok.eos_ids,
+            stop_table=table,
+            min_rows=8,
+        )
+        trees[name], _ = rollout(engine, env, rows, shape, agent, key=jax.random.key(seed))
+    # A random policy never answers, so every reward would be 0 (zero advantages and gradients):
+    # draw leaf rewards from the reward levels instead, so the loss and its gradient are real.
+    rng = np.random.default_rng(seed)
+    for tree in (t for ts in trees.values() for t in ts):
+        for leaf in tree.leaves():
+            leaf.reward = float(rng.choice([0.0, 0.1, 0.2, 0.8, 1.0]))
+    return model, trees
+
+
+def _attention_pairs(batch) -> int:
+    """Query-key pairs one micro-batch scores: rows · T · keys per query (T dense, J·C block-sparse)."""
+    b, t = batch.tokens.shape[-2:]
+    blocks = getattr(batch, "key_blocks", None)
+    keys = t if blocks is None else blocks.shape[-1] * (t // blocks.shape[-2])
+    return b * t * keys
+
+
+def _layout_for(trees, kind: str, pair_budget: int) -> BatchLayout:
+    """Micro-batches whose attention scores fit `pair_budget` query-key pairs (the same memory
+    bound for both layouts); of those, the split with the fewest padded tokens, then the fewest
+    micro-batches (each layout at its best)."""
+    best = None
+    for n_micro in range(1, 65):
+        layout = BatchLayout(
+            num_microbatches=n_micro, length_buckets=PACKED_BUCKETS, row_multiple=1, kind=kind
+        )
+        batch = batch_from_trees(trees, layout)
+        if _attention_pairs(batch) <= pair_budget or batch.tokens.shape[-2] == 1:
+            cells = batch.tokens.size
+            if best is None or cells < best[0]:
+                best = (cells, layout)
+            if batch.tokens.shape[-2] == 1:
+                break
+    return best[1]
+
+
+def packed_vs_paths(shape_name: str, model, trees, steps: int, chunk: int, pair_budget: int) -> dict:
+    rows = rows_from_trees(trees)
+    path_tokens = sum(len(r.tokens) for r in rows)
+    unique_tokens = sum(t.unique_tokens() for t in trees)
+    optim = OptimConfig(learning_rate=1e-6, warmup_ratio=0.0, total_steps=1000)
+    loss_cfg = LossConfig(kl_coef=0.0, entropy_coef=0.0)  # the :tiny loss (no reference forward)
+    ref = None
+    graphdef, params = nnx.split(model)
+    runs, facts = {}, {}
+    for kind in ("paths", "packed"):
+        layout = _layout_for(trees, kind, pair_budget)
+        batch = jax.device_put(batch_from_trees(trees, layout))
+        state = create_train_state(nnx.merge(graphdef, jax.tree.map(jnp.copy, params)), optim)[0]
+        step = jit_train_step(None, loss_cfg=loss_cfg, optim_cfg=optim, logprob_chunk=chunk)
+        t0 = time.perf_counter()
+        compiled = step.lower(state, batch, ref).compile()
+        n_mini, n_micro, b, t = batch.tokens.shape
+        facts[kind] = {
+            "compile_s": time.perf_counter() - t0,
+            "shape": [n_mini, n_micro, b, t],
+            "padded_tokens": n_mini * n_micro * b * t,
+            "attention_pairs": n_mini * n_micro * _attention_pairs(batch),
+        }
+        box = {"state": state}
+
+        def run(compiled=compiled, batch=batch, box=box):
+            box["state"], metrics = compiled(box["state"], batch, ref)
+            return metrics
+
+        runs[kind] = run
+    log = defaultdict(list)
+    for i in range(steps):
+        for kind, run in runs.items():
+            t0 = time.perf_counter()
+            metrics = jax.device_get(run())
+            log[kind].append(time.perf_counter() - t0)
+            if i == 0:  # the first step of each layout starts from the same params
+                facts[kind]["metrics"] = {k: float(v) for k, v in metrics.items()}
+    med = {kind: statistics.median(v) for kind, v in log.items()}
+    leaves = len(rows)
+    return {
+        "shape": shape_name,
+        "prompts": len({t.prompt_id for t in trees}),
+        "trees": len(trees),
+        "leaves": leaves,
+        "path_tokens": path_tokens,
+        "unique_tokens": unique_tokens,
+        "path_to_unique_token_ratio": path_tokens / unique_tokens,
+        "padded_token_ratio": facts["paths"]["padded_tokens"] / facts["packed"]["padded_tokens"],
+        "median_step_s": med,
+        "all_step_s": dict(log),
+        "speedup": med["paths"] / med["packed"],
+        "layouts": facts,
+        # The loss is the same function of the same params in both layouts (first step).
+        "loss_paths_vs_packed": [facts["paths"]["metrics"]["loss"], facts["packed"]["metrics"]["loss"]],
+    }
+
+
+def run_packed(args) -> dict:
+    prompts = {"221": args.packed_prompts_221, "451": args.packed_prompts_451}
+    t0 = time.perf_counter()
+    model, trees = rollout_trees(TREE_SHAPES, prompts, seed=0)
+    rollout_s = time.perf_counter() - t0
+    print(f"[packed] world, tokenizer and rollouts: {rollout_s:.0f} s", file=sys.stderr, flush=True)
+    out = {"rollout_s": rollout_s, "model": PACKED_MODEL}
+    for name in TREE_SHAPES:
+        r = packed_vs_paths(name, model, trees[name], args.packed_steps, args.chunk, args.pair_budget)
+        print(f"[packed] ({','.join(name)}): {r['median_step_s']}", file=sys.stderr, flush=True)
+        out[name] = r
+        out[f"packed_vs_paths_speedup_{name}"] = r["speedup"]
+        out[f"path_to_unique_token_ratio_{name}"] = r["path_to_unique_token_ratio"]
+    return out
+
+
+def packed_table(res: dict) -> list[tuple[str, str]]:
+    table = []
+    for name in TREE_SHAPES:
+        r = res[name]
+        lay = r["layouts"]
+        table += [
+            (
+                f"({','.join(name)}) trees: prompts / trees / leaves",
+                f"{r['prompts']} / {r['trees']} / {r['leaves']}",
+            ),
+            (
+                "  path tokens / unique tokens (ratio)",
+                f"{r['path_tokens']} / {r['unique_tokens']} ({r['path_to_unique_token_ratio']:.2f}×)",
+            ),
+            (
+                "  batch [n_mini, n_micro, b, T] paths / packed",
+                f"{lay['paths']['shape']} / {lay['packed']['shape']}",
+            ),
+            (
+                "  padded tokens paths / packed (ratio)",
+                f"{lay['paths']['padded_tokens']} / {lay['packed']['padded_tokens']} "
+                f"({r['padded_token_ratio']:.2f}×)",
+            ),
+            (
+                "  step median (s) paths / packed",
+                f"{r['median_step_s']['paths']:.2f} / {r['median_step_s']['packed']:.2f}",
+            ),
+            (
+                "  speedup packed vs paths",
+                f"{r['speedup']:.2f}×  (target ≥ {0.8 * r['path_to_unique_token_ratio']:.2f}×)",
+            ),
+            (
+                "  loss paths / packed",
+                f"{r['loss_paths_vs_packed'][0]:.7g} / {r['loss_paths_vs_packed'][1]:.7g}",
+            ),
+        ]
+    return table
+
+
+PARTS = ("mfu", "advantages", "packed")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
-    parser.add_argument("--rows", type=int, default=8, help="rows (paths) per step")
-    parser.add_argument("--seq", type=int, default=512, help="tokens per row")
-    parser.add_argument("--steps", type=int, default=3, help="timed rounds (peak, RL step, plain step)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
+    parser.add_argument("--rows", type=int, default=8, help="mfu: rows (paths) per step")
+    parser.add_argument("--seq", type=int, default=512, help="mfu: tokens per row")
+    parser.add_argument("--steps", type=int, default=3, help="mfu: timed rounds (peak, RL step, plain step)")
     parser.add_argument("--chunk", type=int, default=512, help="LM-head sequence chunk (≥ seq: unchunked)")
     parser.add_argument("--matmul", type=int, default=2048, help="matmul size for the peak")
     parser.add_argument("--adv_rows", type=int, default=100_000)
-    parser.add_argument("--dtype", default="float32", help="matmul compute dtype (params stay f32)")
+    parser.add_argument("--dtype", default="float32", help="mfu: matmul compute dtype (params stay f32)")
+    parser.add_argument("--packed_steps", type=int, default=2, help="packed: timed steps per layout")
+    parser.add_argument("--packed_prompts_221", type=int, default=2, help="packed: prompts of (2,2,1) trees")
+    parser.add_argument("--packed_prompts_451", type=int, default=1, help="packed: prompts of (4,5,1) trees")
+    parser.add_argument(
+        "--pair_budget",
+        type=int,
+        default=2**23,
+        help="packed: dense attention pairs (rows·T²) per micro-batch, bounds memory in both layouts",
+    )
     args = parser.parse_args()
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; known: {list(PARTS)}")
 
-    peak = matmul_peak(args.matmul, repeats=7)
-    adv = advantage_speed(args.adv_rows, repeats=7)
-    cfg = BENCH_MODEL.replace(dtype=args.dtype)
-    step = interleaved(cfg, args.rows, args.seq, args.steps, args.chunk, args.matmul)
-    med = step["median"]
-    result = {
-        "device": str(jax.devices()[0].device_kind),
-        "matmul_f32_flops_per_s": peak["f32"],
-        "matmul_bf16_flops_per_s": peak["bf16"],
-        "train_step": step,
-        "tokens_per_s": step["tokens_per_s"],
-        "mfu_vs_measured_peak": med["mfu"],
-        "mfu_with_attention_vs_measured_peak": med["mfu_with_attention"],
-        "plain_lm_step_mfu_vs_measured_peak": med["plain_mfu"],
-        # RL time per model FLOP over the plain step's: > 1 means the RL step wastes time
-        # beyond its counted extra (reference) forward pass.
-        "rl_vs_plain_time_per_model_flop": med["rl_vs_plain"],
-        "advantages": adv,
-        "advantages_speedup_vs_loop": adv["speedup"],
-        "args": {k: str(v) for k, v in vars(args).items()},
-    }
-    table = [
-        ("matmul f32 / bf16→f32 peak (GFLOP/s)", f"{peak['f32'] / 1e9:.1f} / {peak['bf16'] / 1e9:.1f}"),
-        ("f32 peak before each step (GFLOP/s)", " ".join(f"{x / 1e9:.0f}" for x in step["all"]["peak_f32"])),
-        (
-            "model params / in matmuls (M)",
-            f"{step['num_params'] / 1e6:.1f} / {step['matmul_params'] / 1e6:.1f}",
-        ),
-        ("step: rows × seq, compute dtype", f"{args.rows} × {args.seq}, {args.dtype}"),
-        ("RL step compile (s)", f"{step['compile_s']:.1f}"),
-        (
-            "RL step time, median (s)",
-            f"{med['rl_step_s']:.2f}  {[round(t, 2) for t in step['all']['rl_step_s']]}",
-        ),
-        ("tokens/s", f"{step['tokens_per_s']:.0f}"),
-        (
-            "MFU vs measured f32 peak (6N+2N ref)",
-            f"{med['mfu']:.3f}  {[round(m, 3) for m in step['all']['mfu']]}",
-        ),
-        ("  … counting attention too", f"{med['mfu_with_attention']:.3f}"),
-        ("plain LM step time, median (s)", f"{med['plain_step_s']:.2f}"),
-        (
-            "plain LM step MFU (6N)",
-            f"{med['plain_mfu']:.3f}  {[round(m, 3) for m in step['all']['plain_mfu']]}",
-        ),
-        ("RL / plain time per model FLOP", f"{med['rl_vs_plain']:.3f}"),
-        (f"advantages, {adv['rows']} rows jitted (ms)", f"{adv['jitted_s'] * 1e3:.2f}"),
-        ("advantages, NumPy loop (ms)", f"{adv['loop_s'] * 1e3:.1f}"),
-        ("advantages speedup", f"{adv['speedup']:.0f}×  (max |Δ| {adv['max_abs_diff']:.1e})"),
-    ]
+    result: dict = {"device": str(jax.devices()[0].device_kind)}
+    table: list[tuple[str, str]] = []
+    if "mfu" in parts:
+        peak = matmul_peak(args.matmul, repeats=7)
+        cfg = BENCH_MODEL.replace(dtype=args.dtype)
+        step = interleaved(cfg, args.rows, args.seq, args.steps, args.chunk, args.matmul)
+        med = step["median"]
+        result.update(
+            matmul_f32_flops_per_s=peak["f32"],
+            matmul_bf16_flops_per_s=peak["bf16"],
+            train_step=step,
+            tokens_per_s=step["tokens_per_s"],
+            mfu_vs_measured_peak=med["mfu"],
+            mfu_with_attention_vs_measured_peak=med["mfu_with_attention"],
+            plain_lm_step_mfu_vs_measured_peak=med["plain_mfu"],
+            # RL time per model FLOP over the plain step's: > 1 means the RL step wastes time
+            # beyond its counted extra (reference) forward pass.
+            rl_vs_plain_time_per_model_flop=med["rl_vs_plain"],
+        )
+        table += [
+            ("matmul f32 / bf16→f32 peak (GFLOP/s)", f"{peak['f32'] / 1e9:.1f} / {peak['bf16'] / 1e9:.1f}"),
+            (
+                "f32 peak before each step (GFLOP/s)",
+                " ".join(f"{x / 1e9:.0f}" for x in step["all"]["peak_f32"]),
+            ),
+            (
+                "model params / in matmuls (M)",
+                f"{step['num_params'] / 1e6:.1f} / {step['matmul_params'] / 1e6:.1f}",
+            ),
+            ("step: rows × seq, compute dtype", f"{args.rows} × {args.seq}, {args.dtype}"),
+            ("RL step compile (s)", f"{step['compile_s']:.1f}"),
+            (
+                "RL step time, median (s)",
+                f"{med['rl_step_s']:.2f}  {[round(t, 2) for t in step['all']['rl_step_s']]}",
+            ),
+            ("tokens/s", f"{step['tokens_per_s']:.0f}"),
+            (
+                "MFU vs measured f32 peak (6N+2N ref)",
+                f"{med['mfu']:.3f}  {[round(m, 3) for m in step['all']['mfu']]}",
+            ),
+            ("  … counting attention too", f"{med['mfu_with_attention']:.3f}"),
+            ("plain LM step time, median (s)", f"{med['plain_step_s']:.2f}"),
+            (
+                "plain LM step MFU (6N)",
+                f"{med['plain_mfu']:.3f}  {[round(m, 3) for m in step['all']['plain_mfu']]}",
+            ),
+            ("RL / plain time per model FLOP", f"{med['rl_vs_plain']:.3f}"),
+        ]
+    if "advantages" in parts:
+        adv = advantage_speed(args.adv_rows, repeats=7)
+        result.update(advantages=adv, advantages_speedup_vs_loop=adv["speedup"])
+        table += [
+            (f"advantages, {adv['rows']} rows jitted (ms)", f"{adv['jitted_s'] * 1e3:.2f}"),
+            ("advantages, NumPy loop (ms)", f"{adv['loop_s'] * 1e3:.1f}"),
+            ("advantages speedup", f"{adv['speedup']:.0f}×  (max |Δ| {adv['max_abs_diff']:.1e})"),
+        ]
+    if "packed" in parts:
+        packed = run_packed(args)
+        result["packed"] = packed
+        result.update({k: v for k, v in packed.items() if k.startswith(("packed_vs", "path_to"))})
+        table += packed_table(packed)
+    result["args"] = {k: str(v) for k, v in vars(args).items()}
     width = max(len(k) for k, _ in table)
     for k, v in table:
         print(f"{k:<{width}}  {v}")

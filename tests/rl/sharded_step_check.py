@@ -3,7 +3,8 @@
 One RL step (2 mini-batches × 2 micro-batches, KL on) on one device, then on several
 meshes with params, optimizer state and rows sharded; prints one JSON line with, per
 mesh, the max |Δ| of params and of metrics against the single-device step, and the
-shard shapes the step's outputs really have.
+shard shapes the step's outputs really have. The packed layout of the same trees runs
+on one mesh too (key "packed (2, 2, 2)"), against the same single-device paths step.
 """
 
 import json
@@ -25,6 +26,7 @@ from treegrpo_jax.rl import (  # noqa: E402
     LossConfig,
     OptimConfig,
     build_batch,
+    build_packed_batch,
     create_train_state,
     jit_train_step,
     rows_from_trees,
@@ -37,14 +39,16 @@ OPTIM = OptimConfig(learning_rate=1e-3, warmup_ratio=0.0, total_steps=10, eps=1e
 LOSS = LossConfig(kl_coef=0.05, entropy_coef=0.01)
 
 
-def run(mesh, graphdef, host_params, batch_host):
+def run(mesh, graphdef, host_params, batch_host, layout_kind="paths"):
     # Params placed straight into their shardings (sharded init itself is tested in tests/parallel).
     shardings = param_shardings(host_params, mesh)
     params = jax.device_put(jax.tree.map(np.copy, host_params), shardings)
     # The reference: the same weights scaled, placed like the policy.
     ref = jax.device_put(jax.tree.map(lambda x: x * 1.2, host_params), shardings)
     state, shardings = create_train_state(nnx.merge(graphdef, params), OPTIM, mesh=mesh)
-    step = jit_train_step(shardings, loss_cfg=LOSS, optim_cfg=OPTIM, mesh=mesh, logprob_chunk=8)
+    step = jit_train_step(
+        shardings, loss_cfg=LOSS, optim_cfg=OPTIM, mesh=mesh, logprob_chunk=8, layout_kind=layout_kind
+    )
     batch = shard_batch(batch_host, mesh)
     state, metrics = compile_fast(step, state, batch, ref)(state, batch, ref)
     return state, {k: float(v) for k, v in metrics.items()}
@@ -74,6 +78,15 @@ def main():
             "mu_shard_shape": list(mu.sharding.shard_shape(mu.shape)),
             "skipped": int(jnp.asarray(state.skipped)),
         }
+    packed = build_packed_batch(trees, layout)
+    state, metrics = run(make_mesh(MeshConfig(shape=(2, 2, 2))), graphdef, host_params, packed, "packed")
+    params = jax.tree.leaves(state.params)
+    results["packed (2, 2, 2)"] = {
+        "params": max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(params, want, strict=True)),
+        "metrics": max(abs(metrics[k] - ref_metrics[k]) for k in ref_metrics),
+        "skipped": int(jnp.asarray(state.skipped)),
+        "batch_shape": list(packed.tokens.shape),
+    }
     results["single_loss"] = ref_metrics["loss"]
     print(json.dumps(results))
 

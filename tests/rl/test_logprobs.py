@@ -12,6 +12,7 @@ from treegrpo_jax.rl import advantages
 from treegrpo_jax.rl.batch import BatchLayout, build_batch, rows_from_trees
 from treegrpo_jax.rl.logprobs import token_logprobs
 from treegrpo_jax.rl.loss import LossConfig, policy_loss
+from treegrpo_jax.rl.token_weights import row_weights
 
 
 def _rows(seed=0, b=3, t=13):
@@ -68,7 +69,8 @@ def test_tree_loss_gradient_is_sum_of_per_path_gradients(tiny_model):
         def loss(params):
             lp, ent = token_logprobs(nnx.merge(graphdef, params), tokens, positions, valid, chunk=8)
             old = jax.lax.stop_gradient(lp)
-            return policy_loss(lp, old, None, ent, adv, mask, cfg=cfg, num_tokens=n_tok, num_rows=1.0)[0]
+            w = row_weights(adv, mask, cfg.aggregation)
+            return policy_loss(lp, old, None, ent, w, cfg=cfg, num_tokens=n_tok, num_rows=1.0)[0]
 
         return jax.grad(loss)(params)
 

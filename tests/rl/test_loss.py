@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from treegrpo_jax.rl.loss import LossConfig, policy_loss
+from treegrpo_jax.rl.token_weights import row_weights
 
 EPS_LOW, EPS_HIGH, DUAL, BETA, ALPHA = 0.2, 0.2, 3.0, 0.05, 0.01
 
@@ -65,8 +66,9 @@ def test_loss_matches_direct_formula_every_branch(aggregation, scale):
     n_tok, n_rows = MASK.sum() * scale, 3.0 * scale
 
     def ours(logp):
+        weights = row_weights(jnp.asarray(ADV), jnp.asarray(MASK), cfg.aggregation)
         return policy_loss(
-            logp, LOGP_OLD, REF, jnp.asarray(ENT), ADV, MASK, cfg=cfg, num_tokens=n_tok, num_rows=n_rows
+            logp, LOGP_OLD, REF, jnp.asarray(ENT), weights, cfg=cfg, num_tokens=n_tok, num_rows=n_rows
         )
 
     (loss, aux), grad = jax.value_and_grad(ours, has_aux=True)(jnp.asarray(LOGP))
@@ -93,12 +95,12 @@ def test_loss_matches_direct_formula_every_branch(aggregation, scale):
 def test_entropy_coef_zero_has_no_entropy_gradient_and_sft_is_nll():
     ent = jnp.asarray(ENT)
     cfg = LossConfig(entropy_coef=0.0, kl_coef=0.0)
-    g = jax.grad(
-        lambda e: policy_loss(LOGP, LOGP_OLD, None, e, ADV, MASK, cfg=cfg, num_tokens=9.0, num_rows=3.0)[0]
-    )
+    w = row_weights(jnp.asarray(ADV), jnp.asarray(MASK), cfg.aggregation)
+    g = jax.grad(lambda e: policy_loss(LOGP, LOGP_OLD, None, e, w, cfg=cfg, num_tokens=9.0, num_rows=3.0)[0])
     assert np.all(np.asarray(g(ent)) == 0)
     sft = LossConfig(mode="sft", kl_coef=0.0, entropy_coef=0.0)
-    loss, _ = policy_loss(LOGP, None, None, ent, ADV, MASK, cfg=sft, num_tokens=9.0, num_rows=3.0)
+    ones = row_weights(jnp.ones(4), jnp.asarray(MASK), sft.aggregation)  # SFT: advantage 1
+    loss, _ = policy_loss(LOGP, None, None, ent, ones, cfg=sft, num_tokens=9.0, num_rows=3.0)
     np.testing.assert_allclose(loss, -(LOGP * MASK).sum() / 9.0, rtol=1e-6)
 
 

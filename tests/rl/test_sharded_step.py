@@ -1,4 +1,5 @@
-"""The sharded RL step equals the single-device step (8 fake CPU devices, own process)."""
+"""The sharded RL step equals the single-device step (8 fake CPU devices, own process); the
+packed layout on a mesh equals the single-device paths step."""
 
 import json
 import os
@@ -27,7 +28,7 @@ def results():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("shape", ["(8, 1, 1)", "(2, 2, 2)", "(1, 4, 2)"])
+@pytest.mark.parametrize("shape", ["(8, 1, 1)", "(2, 2, 2)", "(1, 4, 2)", "packed (2, 2, 2)"])
 def test_sharded_step_equals_single_device(results, shape):
     assert results["num_devices"] == 8
     r = results[shape]

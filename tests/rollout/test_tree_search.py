@@ -105,6 +105,21 @@ def test_same_key_same_trees_and_different_key_differs(model, env, world):
     assert run(3) != run(4)
 
 
+def test_a_prompts_trees_do_not_depend_on_its_batch(model, env, world):
+    """Alone or beside another prompt (another host's share, another wave): the same trees."""
+    search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
+
+    def run(rows, uids, slots):
+        trees, _ = rollout(
+            _engine(model, env, slots), env, rows, search, AGENT, key=jax.random.key(3), prompt_uids=uids
+        )
+        return {(uids[t.prompt_id], t.tree_id): [(n.parent, tuple(n.tokens)) for n in t.nodes] for t in trees}
+
+    both = run(list(world.train[:2]), [10, 11], 24)
+    alone = run([world.train[1]], [11], 12)
+    assert alone == {k: v for k, v in both.items() if k[0] == 11}
+
+
 def test_sampler_logprobs_equal_teacher_forced_recompute(model, env, world):
     """Every token of every leaf path, forked caches included, has the log-prob a full forward gives."""
     search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)

@@ -79,3 +79,13 @@ def test_singlehop_tiny_keeps_one_hop_questions():
     cfg = from_config_dict(singlehop.get_config("tiny"))
     assert cfg.data.world.questions_per_hop == (1600, 0, 0, 0)
     assert cfg.sft.script.max_tool_calls == cfg.agent.max_tool_calls == 2
+
+
+def test_rl_layout_key():
+    assert from_config_dict(multihop.get_config("tiny")).layout.kind == "packed"  # the default: exact
+    c = multihop.get_config("tiny")
+    c.rl.layout = "paths"
+    assert from_config_dict(c).layout.kind == "paths"
+    c.rl.layout = "tree"
+    with pytest.raises(ValueError, match=r"config.rl.layout='tree'; allowed: \['paths', 'packed'\]"):
+        from_config_dict(c)

@@ -1,49 +1,18 @@
 """The whole `:tiny` pipeline at toy sizes: cold start, Tree-GRPO steps, eval, checkpoints,
 SIGTERM + resume equal to an uninterrupted run, the eval CLI, and the HF export."""
 
-import importlib.util
 import json
 import os
-import pathlib
 import signal
 
 import numpy as np
 import pytest
 
+from tests.train.toy import toy_config
 from treegrpo_jax.train import metrics as metrics_lib
-from treegrpo_jax.train.config import from_config_dict
 from treegrpo_jax.train.eval_main import evaluate_checkpoint
 from treegrpo_jax.train.loop import train_and_evaluate
 from treegrpo_jax.train.metrics import read_metrics
-
-_SPEC = importlib.util.spec_from_file_location(
-    "multihop", pathlib.Path(__file__).parents[2] / "configs/multihop.py"
-)
-multihop = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(multihop)
-
-
-def _toy_config(steps=3):
-    c = multihop.get_config("tiny")
-    c.model.dims = dict(embed_dim=32, mlp_dim=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
-    c.model.tokenizer_vocab = 384
-    c.data.world = dict(
-        seed=1,
-        num_people=24,
-        num_cities=8,
-        num_countries=3,
-        num_organisations=6,
-        num_works=10,
-        questions_per_hop=(6, 6, 6, 6),
-        test_fraction=0.25,
-    )
-    c.data.eval_prompts = 4
-    c.sft.update(steps=2, batch_rows=8, demonstrations=16)
-    c.agent.update(max_step_tokens=16)
-    c.rl.update(length_buckets=(512, 1024), num_minibatches=1, kl_coef=0.001)  # exercises the saved reference
-    c.run.update(steps=steps, prompts_per_step=2, eval_every=3, checkpoint_every=1, render_trees=1)
-    return from_config_dict(c)
-
 
 KEYS = [
     "step",
@@ -58,7 +27,7 @@ KEYS = [
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("run"))
-    final = train_and_evaluate(_toy_config(), workdir)
+    final = train_and_evaluate(toy_config(), workdir)
     return workdir, final
 
 
@@ -92,10 +61,10 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tmp_path, monke
     monkeypatch.setattr(metrics_lib.MetricsWriter, "write", write_then_preempt)
     workdir = str(tmp_path / "run")
     with pytest.raises(SystemExit) as stop:
-        train_and_evaluate(_toy_config(), workdir)
+        train_and_evaluate(toy_config(), workdir)
     assert stop.value.code == 0
     monkeypatch.setattr(metrics_lib.MetricsWriter, "write", write)
-    train_and_evaluate(_toy_config(), workdir)  # the same command again: resumes at step 1
+    train_and_evaluate(toy_config(), workdir)  # the same command again: resumes at step 1
     got = [r for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if "train/reward_mean" in r]
     want = [r for r in read_metrics(os.path.join(workdir_ref, "metrics.jsonl")) if "train/reward_mean" in r]
     assert [r["step"] for r in got] == [1, 2, 3]
@@ -106,6 +75,6 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tmp_path, monke
 
 def test_eval_cli_library_on_saved_checkpoint(uninterrupted, capsys):
     workdir, final = uninterrupted
-    metrics = evaluate_checkpoint(_toy_config(), workdir)
+    metrics = evaluate_checkpoint(toy_config(), workdir)
     assert metrics["eval/em"] == pytest.approx(final["eval/em"])
     assert "data source" in capsys.readouterr().out

@@ -32,7 +32,13 @@ from treegrpo_jax.env.prompt import (
     load_template,
     render_prompt,
 )
-from treegrpo_jax.env.retrieval import Passage, Retriever, SearchResult, split_contents
+from treegrpo_jax.env.retrieval import (
+    Passage,
+    Retriever,
+    RetrieverUnavailableError,
+    SearchResult,
+    split_contents,
+)
 from treegrpo_jax.env.retrieval_server import ServerConfig, make_server, serve_corpus
 from treegrpo_jax.env.rewards import (
     AnswerMetric,
@@ -71,6 +77,7 @@ __all__ = [
     "ParserConfig",
     "RetrievalStats",
     "Retriever",
+    "RetrieverUnavailableError",
     "RewardBreakdown",
     "RewardTable",
     "Search",

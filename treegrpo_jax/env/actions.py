@@ -50,6 +50,7 @@ class Search:
     """Search for ``query`` (white space collapsed, tags removed, length capped)."""
 
     query: str
+    clipped: bool = dataclasses.field(default=False, compare=False)  # cut to max_query_chars
     kind: ClassVar[ActionKind] = ActionKind.SEARCH
 
 
@@ -58,6 +59,7 @@ class Answer:
     """Final answer ``text`` (white space collapsed, tags removed, length capped; may be empty)."""
 
     text: str
+    clipped: bool = dataclasses.field(default=False, compare=False)  # cut to max_answer_chars
     kind: ClassVar[ActionKind] = ActionKind.ANSWER
 
 
@@ -96,9 +98,10 @@ class ParserConfig:
 DEFAULT_PARSER = ParserConfig()
 
 
-def _clean(content: str, max_chars: int) -> str:
+def _clean(content: str, max_chars: int) -> tuple[str, bool]:
+    """(cleaned content cut to `max_chars`, whether it was cut)."""
     content = _SPACES.sub(" ", _ANY_TAG.sub(" ", content)).strip()
-    return content[:max_chars].rstrip()
+    return content[:max_chars].rstrip(), len(content) > max_chars
 
 
 def _first_action(text: str, max_scan_chars: int) -> tuple[ActionKind | None, str, bool]:
@@ -137,10 +140,11 @@ def parse_action(text: str, *, search_allowed: bool = True, cfg: ParserConfig = 
     if kind is None:
         return Invalid(reason=InvalidReason.UNCLOSED_TAG if open_seen else InvalidReason.NO_ACTION)
     if kind is ActionKind.ANSWER:
-        return Answer(text=_clean(content, cfg.max_answer_chars))
+        text, clipped = _clean(content, cfg.max_answer_chars)
+        return Answer(text=text, clipped=clipped)
     if not search_allowed:
         return Invalid(reason=InvalidReason.SEARCH_DISABLED)
-    query = _clean(content, cfg.max_query_chars)
+    query, clipped = _clean(content, cfg.max_query_chars)
     if not query:
         return Invalid(reason=InvalidReason.EMPTY_QUERY)
-    return Search(query=query)
+    return Search(query=query, clipped=clipped)

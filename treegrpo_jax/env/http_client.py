@@ -9,7 +9,11 @@ Fault handling, so a flaky retriever never kills a training run:
     exponential backoff, up to ``max_retries`` times;
   * HTTP 4xx and malformed bodies are not retried (a retry would get the same answer);
   * when a batch still fails, every query in it gets ``SearchResult(error=...)`` — the agent loop turns
-    that into an error observation and goes on.
+    that into an error observation and goes on;
+  * when the server has answered nothing but retryable faults for longer than ``max_outage_s`` (an
+    outage, measured from the first failed attempt since the last answer), `search` raises
+    `RetrieverUnavailableError` instead, so the trainer can save and stop rather than hang or
+    train on error observations.
 `RetrievalStats` counts every fault so the trainer can log it.
 """
 
@@ -25,7 +29,13 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from treegrpo_jax.env.retrieval import Passage, SearchResult, check_k, split_contents
+from treegrpo_jax.env.retrieval import (
+    Passage,
+    RetrieverUnavailableError,
+    SearchResult,
+    check_k,
+    split_contents,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,6 +50,8 @@ class HttpRetrieverConfig:
       backoff_max_s: cap on one sleep.
       max_batch_queries: queries per request; larger batches are split.
       max_response_bytes: a larger response is treated as malformed (bounds memory).
+      max_outage_s: raise `RetrieverUnavailableError` once the server has been unreachable this
+        long (None: never; every failed batch is an error result).
     """
 
     url: str
@@ -49,6 +61,7 @@ class HttpRetrieverConfig:
     backoff_max_s: float = 8.0
     max_batch_queries: int = 256
     max_response_bytes: int = 64 << 20
+    max_outage_s: float | None = None
 
     def __post_init__(self):
         parsed = urllib.parse.urlsplit(self.url)
@@ -66,6 +79,8 @@ class HttpRetrieverConfig:
             )
         if self.max_response_bytes < 1:
             raise ValueError("HttpRetrieverConfig.max_response_bytes must be >= 1")
+        if self.max_outage_s is not None and not self.max_outage_s > 0:
+            raise ValueError(f"HttpRetrieverConfig.max_outage_s must be > 0 or None, got {self.max_outage_s}")
 
 
 class RetrievalStats:
@@ -78,9 +93,11 @@ class RetrievalStats:
         "timeouts",  # attempts that hit the socket timeout.
         "connection_errors",  # refused / reset / unreachable.
         "http_errors",  # non-200 statuses.
+        "truncated_responses",  # bodies shorter than their Content-Length (the connection dropped).
         "bad_responses",  # 200 with a body that is not the protocol's shape.
         "skipped_passages",  # malformed passage entries dropped from otherwise good responses.
         "failed_queries",  # queries answered with an error result.
+        "outages",  # searches refused because the server was unreachable beyond max_outage_s.
     )
 
     def __init__(self):
@@ -120,6 +137,8 @@ class HttpRetriever:
         self._path = parsed.path or "/"
         if parsed.query:
             self._path += "?" + parsed.query
+        self._outage_lock = threading.Lock()
+        self._down_since: float | None = None  # first failed attempt since the server last answered
 
     def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
         """Retrieves top-``k`` passages for each query.
@@ -149,15 +168,39 @@ class HttpRetriever:
                 time.sleep(min(self.cfg.backoff_s * 2 ** (attempt - 1), self.cfg.backoff_max_s))
             try:
                 payload = self._post(body)
-                return self._parse(payload, n=len(queries))
+                results = self._parse(payload, n=len(queries))
+                self._mark_reachable()
+                return results
             except _Retryable as e:
                 error = str(e)
+                self._mark_unreachable()
             except _Fatal as e:
                 error = str(e)
+                self._mark_reachable()  # it answered: the server is up, its answer was bad
                 break
+        self._check_outage(error)
         logging.warning("Retrieval failed for %d queries: %s", len(queries), error)
         self.stats.add("failed_queries", len(queries))
         return [SearchResult(error=error) for _ in queries]
+
+    def _mark_reachable(self) -> None:
+        with self._outage_lock:
+            self._down_since = None
+
+    def _mark_unreachable(self) -> None:
+        with self._outage_lock:
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+
+    def _check_outage(self, error: str) -> None:
+        with self._outage_lock:
+            down = None if self._down_since is None else time.monotonic() - self._down_since
+        if down is not None and self.cfg.max_outage_s is not None and down >= self.cfg.max_outage_s:
+            self.stats.add("outages")
+            raise RetrieverUnavailableError(
+                f"retrieval server {self.cfg.url} unreachable for {down:.1f}s, longer than "
+                f"max_outage_s={self.cfg.max_outage_s:g}; last error: {error}"
+            )
 
     def _post(self, body: bytes) -> bytes:
         self.stats.add("requests")
@@ -168,6 +211,9 @@ class HttpRetriever:
             resp = conn.getresponse()
             # Read one byte past the cap to tell "exactly at the cap" from "too big".
             data = resp.read(self.cfg.max_response_bytes + 1)
+            # `read(amt)` returns short, without IncompleteRead, when the peer closes early; the
+            # header's promise is the only way to tell a truncated body from a complete one.
+            promised = resp.getheader("Content-Length", "")
         except TimeoutError as e:
             self.stats.add("timeouts")
             raise _Retryable(f"timeout after {self.cfg.timeout_s}s") from e
@@ -180,6 +226,9 @@ class HttpRetriever:
             self.stats.add("http_errors")
             msg = f"HTTP {resp.status} from server: {data[:200].decode('utf-8', 'replace')}"
             raise _Retryable(msg) if resp.status == 429 or resp.status >= 500 else _Fatal(msg)
+        if promised.isdigit() and len(data) < int(promised) <= self.cfg.max_response_bytes:
+            self.stats.add("truncated_responses")
+            raise _Retryable(f"truncated response: {len(data)} of {promised} bytes")
         if len(data) > self.cfg.max_response_bytes:
             self.stats.add("bad_responses")
             raise _Fatal(f"response larger than {self.cfg.max_response_bytes} bytes")

@@ -37,8 +37,9 @@ def load_template(name_or_path: str) -> str:
     """Reads a prompt template.
 
     Args:
-      name_or_path: a bundled template name (``search_agent``, ``search_agent_terse``) or a path to
-        a text file.
+      name_or_path: a bundled template name (``search_agent``, ``search_agent_terse``, or
+        ``search_agent_bare``: the question alone, for models trained from scratch that learn the
+        format from demonstrations) or a path to a text file.
 
     Returns:
       The template text, trailing white space removed.

@@ -1,9 +1,11 @@
 """The retriever interface shared by BM25, the HTTP client and the server.
 
 A retriever answers a *batch* of queries at once (the rollout issues one search per live branch, so
-batching is the natural unit) and never raises for a failed backend: each query gets a
+batching is the natural unit) and does not raise for a failed backend: each query gets a
 `SearchResult` that either holds passages or carries an ``error`` string, so the agent loop can turn
-a failure into an error observation and the run goes on.
+a failure into an error observation and the run goes on. The one exception is a backend that has
+been unreachable for longer than its configured limit: then `RetrieverUnavailableError`, so the
+trainer saves a checkpoint and stops instead of training on error observations for hours.
 
 Corpus passages follow Search-R1's wiki-18 layout: ``{"id": ..., "contents": "Title\\ntext"}`` —
 the title on the first line (often in double quotes), the text after it.
@@ -14,6 +16,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
+
+
+class RetrieverUnavailableError(RuntimeError):
+    """The retrieval backend has been unreachable for longer than its configured limit."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,8 @@ per K and V. Matmuls run in `cfg.dtype`; RMSNorm, softmax, RoPE and logits are f
 
 Three entry points:
   * `__call__(tokens, positions, mask)`: full-sequence forward with explicit positions
-    and a [B, T, T] attention mask (so packed and tree-shaped batches are possible);
+    and a [B, T, T] attention mask (so packed and tree-shaped batches are possible), or a
+    block-sparse `BlockMask` (`block_attention.py`) that skips the key blocks it does not list;
   * `append(tokens, chunk_lens, cache)`: write a ragged chunk into every slot at the
     slot's own offset and return logits (prefill, observations, and — with C=1 — decode);
   * `decode(tokens, cache, active)`: one token per slot, convenience over `append`.
@@ -24,6 +25,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from treegrpo_jax.model import rope
+from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
 from treegrpo_jax.model.cache import KVCache
 from treegrpo_jax.model.config import ModelConfig
 
@@ -140,21 +142,29 @@ class Decoder(nnx.Module):
 
     # ------------------------------------------------------------ entry points
     def hidden(
-        self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T T"]
+        self,
+        tokens: Int[Array, "B T"],
+        positions: Int[Array, "B T"],
+        mask: Bool[Array, "B T T"] | BlockMask,
     ) -> Float[Array, "B T E"]:
-        """Final-norm hidden states of a full forward. `mask[b, i, j]`: query i may see key j."""
+        """Final-norm hidden states of a full forward. `mask[b, i, j]`: query i may see key j;
+        a `BlockMask` computes only the key blocks it lists (packed trees)."""
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
+        if isinstance(mask, BlockMask):
+            attend = lambda q, k, v: block_sparse_attention(q, k, v, mask)  # noqa: E731
+        else:
+            attend = lambda q, k, v: self._attend(q, k, v, mask)  # noqa: E731
 
         def layer(x, p):
             q, k, v = self._qkv(p, x, cos, sin)
-            o = self._attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+            o = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
             return self._finish(p, x, o), None
 
         x, _ = jax.lax.scan(layer, self._embed(tokens), self._layer_params())
         return _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
 
     def __call__(
-        self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T T"]
+        self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T T"] | BlockMask
     ) -> Float[Array, "B T V"]:
         return self.logits(self.hidden(tokens, positions, mask))
 

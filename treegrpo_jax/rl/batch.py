@@ -20,6 +20,7 @@ in the `advantage` field, so the split only decides which rows share an update.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Sequence
 
@@ -105,12 +106,26 @@ class PathBatch:
 
         return jax.tree.map(one, self)
 
+    @classmethod
+    def shardings(cls, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, row_dims: int = 3) -> PathBatch:
+        """See `batch_shardings`."""
+        return batch_shardings(mesh, rules, row_dims=row_dims)
+
+
+class LayoutKind(enum.StrEnum):
+    """How trees become training rows (config key `rl.layout`)."""
+
+    PATHS = "paths"  # one row per root-to-leaf path: a shared prefix is computed once per leaf
+    PACKED = "packed"  # each tree's unique tokens once (rl.packed): exact, and the default
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchLayout:
     """How a step's rows are padded and split.
 
     Attributes:
+      kind: "packed" (each tree's unique tokens once, `rl.packed`) or "paths" (one row per
+        root-to-leaf path, `build_batch`). Both give the same loss and gradients.
       num_minibatches: optimizer updates per RL step (rows split by prompt).
       num_microbatches: gradient-accumulation chunks per mini-batch.
       length_buckets: allowed padded lengths T (ascending); a row longer than the last fails.
@@ -124,8 +139,14 @@ class BatchLayout:
     length_buckets: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
     row_multiple: int = 8
     split_groups: bool = False
+    kind: LayoutKind = LayoutKind.PACKED
 
     def __post_init__(self):
+        try:
+            object.__setattr__(self, "kind", LayoutKind(self.kind))
+        except ValueError:
+            allowed = [k.value for k in LayoutKind]
+            raise ValueError(f"BatchLayout.kind={self.kind!r}; allowed: {allowed}") from None
         for name in ("num_minibatches", "num_microbatches", "row_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -173,14 +194,17 @@ def bucket_rows(n: int, multiple: int) -> int:
     return multiple * 2**k
 
 
-def _split_minibatches(rows: Sequence[PathRow], layout: BatchLayout) -> list[list[int]]:
-    """Row indices of each mini-batch; whole prompt groups unless `split_groups`."""
+def split_minibatches(prompt_ids: Sequence[int], layout: BatchLayout) -> list[list[int]]:
+    """Leaf (= path row) indices of each mini-batch; whole prompt groups unless `split_groups`.
+
+    Both layouts split with this one function, so a mini-batch holds the same leaves in each.
+    """
     n_mini = layout.num_minibatches
     if layout.split_groups:
-        return [list(part) for part in np.array_split(np.arange(len(rows)), n_mini)]
+        return [list(part) for part in np.array_split(np.arange(len(prompt_ids)), n_mini)]
     groups: dict[int, list[int]] = {}
-    for i, row in enumerate(rows):
-        groups.setdefault(row.prompt_id, []).append(i)
+    for i, prompt_id in enumerate(prompt_ids):
+        groups.setdefault(prompt_id, []).append(i)
     if len(groups) < n_mini:
         raise ValueError(
             f"{len(groups)} prompts cannot fill BatchLayout.num_minibatches={n_mini} without "
@@ -207,7 +231,7 @@ def build_batch(rows: Sequence[PathRow], layout: BatchLayout) -> PathBatch:
     if not rows:
         raise ValueError("build_batch needs at least one row")
     t = bucket_length(max(len(r.tokens) for r in rows), layout.length_buckets)
-    minis = _split_minibatches(rows, layout)
+    minis = split_minibatches([r.prompt_id for r in rows], layout)
     n_mini, n_micro = layout.num_minibatches, layout.num_microbatches
     b = bucket_rows(math.ceil(max(len(m) for m in minis) / n_micro), layout.row_multiple)
     shape = (n_mini, n_micro, b)
@@ -266,12 +290,13 @@ def batch_shardings(mesh: Mesh, rules: Rules = DEFAULT_RULES, *, row_dims: int =
     return PathBatch(**fields)
 
 
-def shard_batch(batch: PathBatch, mesh: Mesh | None, rules: Rules = DEFAULT_RULES) -> PathBatch:
-    """Places a host batch on the mesh (rows split over data × fsdp); plain device_put without a mesh."""
+def shard_batch(batch, mesh: Mesh | None, rules: Rules = DEFAULT_RULES):
+    """Places a host batch (a `PathBatch` or a `packed.PackedBatch`) on the mesh (rows split over
+    data × fsdp); plain device_put without a mesh."""
     if mesh is None:
         return jax.device_put(batch)
-    shardings = batch_shardings(mesh, rules, row_dims=len(batch.row_shape))
-    spec = shardings.reward.spec
+    shardings = type(batch).shardings(mesh, rules, row_dims=len(batch.row_shape))
+    spec = shardings.tokens.spec[:-1]  # the row dims of a per-token field
     split = spec[-1] if len(spec) else None
     if split is not None:
         axes = (split,) if isinstance(split, str) else split

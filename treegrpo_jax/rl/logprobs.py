@@ -10,7 +10,8 @@ from its `[B, C, E]` hidden states). With `chunk >= T` the head runs in one piec
 when `B·T·V` fits in memory).
 
 Outputs are token-aligned like the batch: `logp[b, t] = log p(tokens[b, t] | tokens[b, :t])`
-for t ≥ 1 and 0 at t = 0 (the first token is never a target).
+for t ≥ 1 and 0 at t = 0 (the first token is never a target). `tree_token_logprobs` does the
+same for depth-first packed trees, where a token's prefix is its path, not the row before it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from treegrpo_jax.model.block_attention import BlockMask
 from treegrpo_jax.model.decoder import Decoder, causal_mask
 
 
@@ -27,6 +29,25 @@ def _head(model: Decoder, h_BCE: Array, targets_BC: Array) -> tuple[Array, Array
     logp_all = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(logp_all, targets_BC[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)  # H = −Σ p log p
+    return logp, entropy
+
+
+def _chunked_head(
+    model: Decoder, h_BTE: Array, targets_BT: Array, chunk: int
+) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
+    """(logp of targets, entropy) from the hidden states that predict them, chunk by chunk over T."""
+    b, t = targets_BT.shape
+    if chunk >= t:
+        return _head(model, h_BTE, targets_BT)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    h_NBCE = jnp.pad(h_BTE, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
+    tg_NBC = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+    # Remat: the backward recomputes one chunk's logits instead of storing all of them.
+    head = jax.checkpoint(lambda hc, tc: _head(model, hc, tc))
+    logp, entropy = jax.lax.map(lambda xs: head(*xs), (h_NBCE, tg_NBC))
+    logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    entropy = entropy.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
     return logp, entropy
 
 
@@ -50,20 +71,91 @@ def token_logprobs(
     Returns:
       (logp, entropy), both f32 [B, T], token-aligned (column 0 is 0).
     """
-    b, t = tokens.shape
+    b = tokens.shape[0]
     h = model.hidden(tokens, positions, causal_mask(valid))[:, :-1]  # position t predicts t+1
-    targets = tokens[:, 1:]
-    if chunk >= t - 1:
-        logp, entropy = _head(model, h, targets)
-    else:
-        n = -(-(t - 1) // chunk)
-        pad = n * chunk - (t - 1)
-        h_NBCE = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
-        tg_NBC = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-        # Remat: the backward recomputes one chunk's logits instead of storing all of them.
-        head = jax.checkpoint(lambda hc, tc: _head(model, hc, tc))
-        logp, entropy = jax.lax.map(lambda xs: head(*xs), (h_NBCE, tg_NBC))
-        logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, : t - 1]
-        entropy = entropy.swapaxes(0, 1).reshape(b, n * chunk)[:, : t - 1]
+    logp, entropy = _chunked_head(model, h, tokens[:, 1:], chunk)
     zero = jnp.zeros((b, 1), jnp.float32)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, entropy], axis=1)
+
+
+def tree_mask(segment: Int[Array, "B T"], span_end: Int[Array, "B T"]) -> Bool[Array, "B T T"]:
+    """Attention of depth-first packed trees: a token sees its ancestors and its node's earlier tokens.
+
+    Tokens are laid out depth-first (a node's own tokens, then its children's subtrees), so the
+    subtree of the node holding key j is the row range [start, span_end[j]) and j's node is an
+    ancestor (or the node) of query i exactly when j ≤ i < span_end[j]. Built from two [B, T]
+    arrays, no per-pair loop. `segment` (1, 2, ... per packed tree, 0 on padding) keeps trees
+    apart; padding queries see token 0, as in `decoder.causal_mask`.
+
+    A path row is a one-node chain: segment 1 and span_end = its length on every real token.
+    """
+    t = segment.shape[-1]
+    idx = jnp.arange(t)
+    i, j = idx[:, None], idx[None, :]
+    sees = (j <= i) & (i < span_end[:, None, :])
+    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, None, :] > 0)
+    pad_query = (segment[:, :, None] == 0) & (j == 0)
+    return sees & same | pad_query
+
+
+def tree_block_mask(
+    segment: Int[Array, "B T"], span_end: Int[Array, "B T"], key_blocks: Int[Array, "B NQ J"]
+) -> BlockMask:
+    """`tree_mask` restricted to the key blocks each query block lists (`packed.key_blocks`).
+
+    Exact when the lists hold every block with a key the block's queries may see, each once;
+    padding queries see nothing (a uniform softmax over masked keys: finite, never read).
+    """
+    b, t = segment.shape
+    nq, j = key_blocks.shape[1:]
+    c = t // nq
+    kpos = (jnp.maximum(key_blocks, 0)[..., None] * c + jnp.arange(c)).reshape(b, nq, j * c)  # [B, NQ, U]
+    qpos = (jnp.arange(nq)[:, None] * c + jnp.arange(c))[None, :, :, None]  # [1, NQ, C, 1]
+    flat = kpos.reshape(b, nq * j * c)
+    k_seg = jnp.take_along_axis(segment, flat, axis=1).reshape(b, nq, 1, j * c)
+    k_end = jnp.take_along_axis(span_end, flat, axis=1).reshape(b, nq, 1, j * c)
+    listed = jnp.repeat(key_blocks >= 0, c, axis=-1)[:, :, None, :]
+    sees = (kpos[:, :, None, :] <= qpos) & (qpos < k_end)
+    same = (k_seg == segment.reshape(b, nq, c, 1)) & (k_seg > 0)
+    return BlockMask(key_blocks=key_blocks, visible=listed & sees & same)
+
+
+def tree_token_logprobs(
+    model: Decoder,
+    tokens: Int[Array, "B T"],
+    positions: Int[Array, "B T"],
+    segment: Int[Array, "B T"],
+    span_end: Int[Array, "B T"],
+    prev: Int[Array, "B T"],
+    *,
+    key_blocks: Int[Array, "B NQ J"] | None = None,
+    chunk: int = 256,
+) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
+    """`token_logprobs` for depth-first packed trees (`rl.packed`).
+
+    A token's predecessor on its path is not always the row's previous token (a node's first
+    token follows its parent's last one), and a node with several children predicts several
+    next tokens: so each token gathers the hidden state at `prev` and the head runs per target.
+
+    Args:
+      model: the policy or reference decoder.
+      tokens: packed rows.
+      positions: RoPE positions = depth along the token's path.
+      segment / span_end: the attention layout (see `tree_mask`).
+      prev: row index of the token's predecessor on its path; -1 for a tree's first token and padding.
+      key_blocks: the key blocks each query block needs (`packed.key_blocks`): block-sparse
+        attention (`tree_block_mask`); None: the dense `tree_mask`.
+      chunk: target positions per LM-head chunk; ≥ T disables chunking.
+
+    Returns:
+      (logp, entropy), both f32 [B, T]; 0 where prev < 0.
+    """
+    if key_blocks is None:
+        mask = tree_mask(segment, span_end)
+    else:
+        mask = tree_block_mask(segment, span_end, key_blocks)
+    h = model.hidden(tokens, positions, mask)
+    h_prev = jnp.take_along_axis(h, jnp.maximum(prev, 0)[..., None], axis=1)
+    logp, entropy = _chunked_head(model, h_prev, tokens, chunk)
+    has_prev = prev >= 0
+    return jnp.where(has_prev, logp, 0.0), jnp.where(has_prev, entropy, 0.0)

@@ -2,7 +2,7 @@
 
 Legend: B rows, T tokens.
 
-RL mode, per model-generated token with ratio ρ = exp(logp − logp_old) and the row's
+RL mode, per model-generated token with ratio ρ = exp(logp − logp_old) and a leaf's
 advantage A (as in verl's `compute_policy_loss`, the reference code of the paper):
   pg1 = −A·ρ,  pg2 = −A·clip(ρ, 1−ε_low, 1+ε_high),  pg = max(pg1, pg2)         (PPO clip)
   for A < 0:   pg = min(pg, −A·c)                                              (dual clip)
@@ -10,24 +10,31 @@ advantage A (as in verl's `compute_policy_loss`, the reference code of the paper
   ℓ = pg + β·kl − α·H                                                          (H: entropy)
 SFT mode: ℓ = −logp (no ratio, no KL, no entropy): cold-start on demonstrations.
 
-Aggregation over the mini-batch (all terms masked to model tokens):
-  token-mean:           Σ_{b,t} m·ℓ / num_tokens
-  seq-mean-token-mean:  Σ_b (Σ_t m·ℓ / n_b) / num_rows       (the paper's equation)
+Aggregation over the mini-batch's paths (all terms masked to model tokens):
+  token-mean:           Σ_{paths,t} ℓ / num_tokens
+  seq-mean-token-mean:  Σ_paths (Σ_t ℓ / n_path) / num_rows       (the paper's equation)
 `num_tokens` / `num_rows` are the *mini-batch's* counts, passed in, so that summing the
 loss (and its gradient) over micro-batches equals one pass over the whole mini-batch.
+
+The leaves enter only through per-token sums (`token_weights.TokenWeights`): pg is
+evaluated at A = ±1 and scaled by the sums of positive and negative leaf advantages, so
+one token row serves every path that holds the token (a path row, or a packed tree).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from treegrpo_jax.rl.advantages import Estimator, parse_estimator
+
+if TYPE_CHECKING:  # token_weights imports Aggregation from here
+    from treegrpo_jax.rl.token_weights import TokenWeights
 
 _MAX_LOG_RATIO = 20.0  # exp() guard on log-ratios, as in verl; inactive for sane policies
 
@@ -106,20 +113,12 @@ class LossAux(NamedTuple):
     maxs: dict[str, Array]
 
 
-def _aggregate(x, mask, aggregation: Aggregation, num_tokens, num_rows):
-    if aggregation == Aggregation.TOKEN_MEAN:
-        return jnp.sum(x * mask) / num_tokens
-    per_row = jnp.sum(x * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-    return jnp.sum(per_row) / num_rows
-
-
 def policy_loss(
     logp: Float[Array, "B T"],
     logp_old: Float[Array, "B T"] | None,
     ref_logp: Float[Array, "B T"] | None,
     entropy: Float[Array, "B T"],
-    advantage: Float[Array, " B"],
-    loss_mask: Float[Array, "B T"],
+    weights: TokenWeights,
     *,
     cfg: LossConfig,
     num_tokens: Float[Array, ""] | float,
@@ -132,56 +131,55 @@ def policy_loss(
       logp_old: log-probs of the policy before this step's updates (RL mode).
       ref_logp: reference-policy log-probs (RL mode with kl_coef > 0, else ignored).
       entropy: per-token entropy of the trainer policy.
-      advantage: one per row, broadcast over the row's tokens.
-      loss_mask: 1 on model-generated tokens of real rows.
+      weights: per-token leaf sums (`token_weights.row_weights` for path rows with one
+        advantage each, `token_weights.tree_weights` for packed trees); 0 off model tokens.
       cfg: loss configuration.
-      num_tokens: model tokens in the whole mini-batch (token-mean normaliser, ≥ 1).
-      num_rows: rows with ≥ 1 model token in the whole mini-batch (seq-mean normaliser, ≥ 1).
+      num_tokens: path tokens of the model in the whole mini-batch (token-mean normaliser, ≥ 1).
+      num_rows: paths with ≥ 1 model token in the whole mini-batch (seq-mean normaliser, ≥ 1).
 
     Returns:
       (loss, LossAux).
     """
-    m = loss_mask.astype(jnp.float32)
-    agg = lambda x: _aggregate(x, m, cfg.aggregation, num_tokens, num_rows)  # noqa: E731
-    tok_mean = lambda x: jnp.sum(x * m) / num_tokens  # noqa: E731
+    w = weights
+    denom = num_tokens if cfg.aggregation == Aggregation.TOKEN_MEAN else num_rows
+    agg = lambda x, by: jnp.sum(x * by) / denom  # noqa: E731
+    tok_mean = lambda x, by: jnp.sum(x * by) / num_tokens  # noqa: E731
     big = jnp.finfo(jnp.float32).max
-    if cfg.mode == LossMode.SFT:
-        nll = agg(-logp)
-        ent = tok_mean(jax.lax.stop_gradient(entropy))
+    if cfg.mode == LossMode.SFT:  # advantage 1: `pos` is the leaf weight v
+        nll = agg(-logp, w.pos)
+        ent = tok_mean(jax.lax.stop_gradient(entropy), w.count)
         return nll, LossAux(sums={"loss": nll, "nll": nll, "entropy": ent}, mins={}, maxs={})
 
-    a = advantage[:, None].astype(jnp.float32)
     log_ratio = jnp.clip(logp - logp_old, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = jnp.exp(log_ratio)
-    pg1 = -a * ratio
-    pg2 = -a * jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    pg = jnp.maximum(pg1, pg2)
-    dual = jnp.zeros_like(pg, bool)
+    clipped = jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    pg_pos = jnp.maximum(-ratio, -clipped)  # pg at A = +1
+    pg_neg = jnp.maximum(ratio, clipped)  # pg at A = −1
+    dual = jnp.zeros_like(pg_neg, bool)
     if cfg.dual_clip is not None:
-        pg3 = -a * cfg.dual_clip
-        dual = (a < 0) & (pg > pg3)
-        pg = jnp.where(a < 0, jnp.minimum(pg, pg3), pg)
-    pg_loss = agg(pg)
+        dual = pg_neg > cfg.dual_clip
+        pg_neg = jnp.minimum(pg_neg, cfg.dual_clip)
+    pg_loss = jnp.sum(w.pos * pg_pos + w.neg * pg_neg) / denom
     loss = pg_loss
     sums = {"pg_loss": pg_loss}
     if cfg.kl_coef > 0:
         delta = jnp.clip(ref_logp - logp, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        kl = agg(jnp.exp(delta) - delta - 1.0)  # k3: unbiased, always ≥ 0
+        kl = agg(jnp.exp(delta) - delta - 1.0, w.weight)  # k3: unbiased, always ≥ 0
         loss = loss + cfg.kl_coef * kl
         sums["kl"] = kl
     # With α = 0 the entropy is a metric only: no gradient flows through it.
-    ent = agg(entropy if cfg.entropy_coef > 0 else jax.lax.stop_gradient(entropy))
+    ent = agg(entropy if cfg.entropy_coef > 0 else jax.lax.stop_gradient(entropy), w.weight)
     loss = loss - cfg.entropy_coef * ent
     sums.update(
         loss=loss,
         entropy=ent,
         # PPO clip is active where pg2 > pg1: A > 0 with ρ > 1+ε_high, or A < 0 with ρ < 1−ε_low.
-        clip_frac_high=tok_mean(((a > 0) & (ratio > 1.0 + cfg.eps_high)).astype(jnp.float32)),
-        clip_frac_low=tok_mean(((a < 0) & (ratio < 1.0 - cfg.eps_low)).astype(jnp.float32)),
-        clip_frac_dual=tok_mean(dual.astype(jnp.float32)),
-        ratio_mean=tok_mean(jax.lax.stop_gradient(ratio)),
+        clip_frac_high=tok_mean((ratio > 1.0 + cfg.eps_high).astype(jnp.float32), w.count_pos),
+        clip_frac_low=tok_mean((ratio < 1.0 - cfg.eps_low).astype(jnp.float32), w.count_neg),
+        clip_frac_dual=tok_mean(dual.astype(jnp.float32), w.count_neg),
+        ratio_mean=tok_mean(jax.lax.stop_gradient(ratio), w.count),
     )
     sg_ratio = jax.lax.stop_gradient(ratio)
-    mins = {"ratio_min": jnp.min(jnp.where(m > 0, sg_ratio, big))}
-    maxs = {"ratio_max": jnp.max(jnp.where(m > 0, sg_ratio, -big))}
+    mins = {"ratio_min": jnp.min(jnp.where(w.count > 0, sg_ratio, big))}
+    maxs = {"ratio_max": jnp.max(jnp.where(w.count > 0, sg_ratio, -big))}
     return loss, LossAux(sums=sums, mins=mins, maxs=maxs)

@@ -91,7 +91,9 @@ def create_train_state(
     o_shard = jax.tree.map(opt_shardings, abstract_opt, is_leaf=lambda n: jax.tree.structure(n) == params_def)
     opt_state = jax.jit(tx.init, out_shardings=o_shard)(params)
     shardings = TrainState(graphdef=graphdef, params=p_shard, opt_state=o_shard, step=scalar, skipped=scalar)
-    # Two buffers: step and skipped are donated separately.
-    step, skipped = (jax.device_put(jnp.zeros((), jnp.int32), scalar) for _ in range(2))
+    # Two buffers (step and skipped are donated separately), made in place by jit: a
+    # device_put of a local array onto a mesh spanning several processes is not allowed.
+    zeros = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=scalar)
+    step, skipped = zeros(), zeros()
     state = TrainState(graphdef=graphdef, params=params, opt_state=opt_state, step=step, skipped=skipped)
     return state, shardings

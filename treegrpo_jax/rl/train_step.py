@@ -3,8 +3,10 @@
 Legend: n_mini mini-batches (optimizer updates), n_micro micro-batches each (gradient
 accumulation), b rows per micro-batch, T tokens.
 
-The step takes the whole RL step's rows `[n_mini, n_micro, b, T]` and, inside one jit:
-  1. computes every row's advantage over ALL rows (groups = trees / prompts of the step);
+The step takes the whole RL step's rows `[n_mini, n_micro, b, T]` — one row per path
+(`PathBatch`) or packed trees (`PackedBatch`), see `layouts` — and, inside one jit:
+  1. computes every leaf's advantage over ALL leaves (groups = trees / prompts of the step)
+     and each token's leaf sums (`step_inputs.prepare`);
   2. computes `logp_old` with the pre-update params for mini-batches 1…n−1 (mini-batch 0
      is updated from exactly those params, so its `logp_old` is the stop-gradient of its
      own forward: the same numbers, one forward pass fewer), and the reference log-probs
@@ -31,11 +33,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules
-from treegrpo_jax.rl.advantages import with_advantages
-from treegrpo_jax.rl.batch import PathBatch, batch_shardings
-from treegrpo_jax.rl.logprobs import token_logprobs
+from treegrpo_jax.rl.batch import LayoutKind
+from treegrpo_jax.rl.layouts import StepBatch, step_batch_shardings
+from treegrpo_jax.rl.logprobs import tree_token_logprobs
 from treegrpo_jax.rl.loss import LossAux, LossConfig, LossMode, policy_loss
 from treegrpo_jax.rl.optim import OptimConfig, learning_rate, make_optimizer
+from treegrpo_jax.rl.step_inputs import StepRows, prepare
 from treegrpo_jax.rl.train_state import TrainState
 
 
@@ -43,38 +46,35 @@ def _select(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def _logp(graphdef, params, mb: PathBatch, chunk: int):
-    return token_logprobs(nnx.merge(graphdef, params), mb.tokens, mb.positions, mb.valid, chunk=chunk)
+def _logp(graphdef, params, mb: StepRows, chunk: int):
+    model = nnx.merge(graphdef, params)
+    layout = (mb.positions, mb.segment, mb.span_end, mb.prev)
+    return tree_token_logprobs(model, mb.tokens, *layout, key_blocks=mb.key_blocks, chunk=chunk)
 
 
-def _forward_all(graphdef, params, batch: PathBatch, chunk: int) -> jax.Array:
+def _forward_all(graphdef, params, rows: StepRows, chunk: int) -> jax.Array:
     """Log-probs of `[k, n_micro, b, T]` rows, one micro-batch at a time (bounded memory)."""
-    micro = batch.reshape_rows(-1, batch.row_shape[-1])
+    micro = rows.reshape_rows(-1, rows.tokens.shape[-2])
     logp = jax.lax.map(lambda mb: _logp(graphdef, params, mb, chunk)[0], micro)
-    return jax.lax.stop_gradient(logp.reshape(batch.tokens.shape))
+    return jax.lax.stop_gradient(logp.reshape(rows.tokens.shape))
 
 
-def _model_mask(mb: PathBatch) -> jax.Array:
-    return mb.loss_mask * mb.row_valid[..., None].astype(mb.loss_mask.dtype)
-
-
-def _micro_loss(params, mb, old, ref, is_first, counts, *, graphdef, cfg: LossConfig, chunk: int):
+def _micro_loss(params, mb: StepRows, old, ref, is_first, counts, *, graphdef, cfg: LossConfig, chunk: int):
     logp, entropy = _logp(graphdef, params, mb, chunk)
-    mask = _model_mask(mb)
     num_tokens, num_rows = counts
     if cfg.mode == LossMode.RL:
         old = jnp.where(is_first, jax.lax.stop_gradient(logp), old)
     loss, aux = policy_loss(
-        logp, old, ref, entropy, mb.advantage, mask, cfg=cfg, num_tokens=num_tokens, num_rows=num_rows
+        logp, old, ref, entropy, mb.weights, cfg=cfg, num_tokens=num_tokens, num_rows=num_rows
     )
     if cfg.mode == LossMode.RL:
-        aux.sums["logp_gap"] = jnp.sum(jnp.abs(mb.sampler_logp - old) * mask) / num_tokens
+        aux.sums["logp_gap"] = jnp.sum(jnp.abs(mb.sampler_logp - old) * mb.weights.count) / num_tokens
     return loss, aux
 
 
 def train_step(
     state: TrainState,
-    batch: PathBatch,
+    batch: StepBatch,
     ref_params: nnx.State | None,
     *,
     loss_cfg: LossConfig,
@@ -85,7 +85,8 @@ def train_step(
 
     Args:
       state: the train state (donated by the jitted version).
-      batch: the step's rows, `[n_mini, n_micro, b, T]` (from `build_batch`).
+      batch: the step's rows, `[n_mini, n_micro, b, T]`: a `PathBatch` (`build_batch`) or a
+        `PackedBatch` (`build_packed_batch`); `layouts.batch_from_trees` builds either.
       ref_params: frozen reference params (needed when `loss_cfg.uses_reference`, else None).
       loss_cfg: loss configuration (mode, estimator, clips, coefficients, aggregation).
       optim_cfg: optimizer configuration.
@@ -100,19 +101,17 @@ def train_step(
     if loss_cfg.uses_reference and ref_params is None:
         raise ValueError("LossConfig.kl_coef > 0 needs ref_params (or set kl_coef=0)")
     graphdef, n_mini = state.graphdef, batch.tokens.shape[0]
-    if rl:
-        batch = with_advantages(batch, loss_cfg.estimator)  # over ALL rows of the step
-    else:
-        batch = batch.replace(advantage=batch.row_valid.astype(jnp.float32))
+    inputs = prepare(batch, loss_cfg)  # advantages over ALL leaves of the step, then leaf sums
+    rows = inputs.rows
 
     old = ref = None
     if rl:
-        old = jnp.zeros(batch.tokens.shape, jnp.float32)
+        old = jnp.zeros(rows.tokens.shape, jnp.float32)
         if n_mini > 1:
-            rest = jax.tree.map(lambda x: x[1:], batch)
+            rest = jax.tree.map(lambda x: x[1:], rows)
             old = old.at[1:].set(_forward_all(graphdef, state.params, rest, logprob_chunk))
         if loss_cfg.uses_reference:
-            ref = _forward_all(graphdef, ref_params, batch, logprob_chunk)
+            ref = _forward_all(graphdef, ref_params, rows, logprob_chunk)
 
     tx = make_optimizer(optim_cfg, state.params)
     lr = learning_rate(optim_cfg, state.step)
@@ -122,9 +121,7 @@ def train_step(
 
     def mini_update(carry, xs):
         params, opt_state, skipped = carry
-        mb, mb_old, mb_ref, is_first = xs
-        mask = _model_mask(mb)
-        counts = (jnp.maximum(jnp.sum(mask), 1.0), jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=-1)), 1.0))
+        mb, mb_old, mb_ref, is_first, counts = xs
 
         def micro(acc, ys):
             (_, aux), grads = grad_fn(params, *ys, is_first, counts)
@@ -154,24 +151,24 @@ def train_step(
         carry = (_select(ok, new_params, params), _select(ok, new_opt, opt_state), skipped + (~ok))
         return carry, (aux, grad_norm, ok)
 
-    xs = (batch, old, ref, jnp.arange(n_mini) == 0)
+    xs = (rows, old, ref, jnp.arange(n_mini) == 0, (inputs.num_tokens, inputs.num_rows))
     carry = (state.params, state.opt_state, state.skipped)
     (params, opt_state, skipped), (aux, grad_norm, ok) = jax.lax.scan(mini_update, carry, xs)
 
     metrics = {k: jnp.mean(v) for k, v in aux.sums.items()}
     metrics.update({k: jnp.min(v) for k, v in aux.mins.items()})
     metrics.update({k: jnp.max(v) for k, v in aux.maxs.items()})
-    valid = batch.row_valid
+    valid = inputs.leaf_valid
     n_rows = jnp.maximum(jnp.sum(valid), 1)
-    adv = jnp.where(valid, batch.advantage, 0.0)
+    adv = jnp.where(valid, inputs.advantage, 0.0)
     adv_mean = jnp.sum(adv) / n_rows
     metrics.update(
         grad_norm=jnp.mean(grad_norm),
         lr=lr,
         skipped_updates=jnp.sum(~ok).astype(jnp.int32),
-        num_tokens=jnp.sum(_model_mask(batch)),
+        num_tokens=jnp.sum(rows.weights.count),  # path tokens (a shared token counts per leaf)
         num_rows=jnp.sum(valid).astype(jnp.int32),
-        reward_mean=jnp.sum(jnp.where(valid, batch.reward, 0.0)) / n_rows,
+        reward_mean=jnp.sum(jnp.where(valid, inputs.reward, 0.0)) / n_rows,
         adv_mean=adv_mean,
         adv_std=jnp.sqrt(jnp.sum(jnp.where(valid, (adv - adv_mean) ** 2, 0.0)) / n_rows),
         adv_min=jnp.min(jnp.where(valid, adv, jnp.inf)),
@@ -189,6 +186,7 @@ def jit_train_step(
     mesh: Mesh | None = None,
     rules: Rules = DEFAULT_RULES,
     logprob_chunk: int = 256,
+    layout_kind: LayoutKind | str = LayoutKind.PATHS,
 ):
     """`train_step` jitted with donated state and explicit shardings.
 
@@ -202,6 +200,8 @@ def jit_train_step(
       mesh: the device mesh (None: one device, no explicit shardings).
       rules: logical-axis rules (rows go over the `batch` rule).
       logprob_chunk: sequence chunk of the LM head.
+      layout_kind: the batches' layout ("paths" or "packed"; `BatchLayout.kind`): sets the
+        batch's in_shardings on a mesh (without a mesh either batch works).
     """
     fn = functools.partial(train_step, loss_cfg=loss_cfg, optim_cfg=optim_cfg, logprob_chunk=logprob_chunk)
     if mesh is None:
@@ -209,7 +209,7 @@ def jit_train_step(
     ref_sh = shardings.params if loss_cfg.uses_reference else None
     return jax.jit(
         fn,
-        in_shardings=(shardings, batch_shardings(mesh, rules), ref_sh),
+        in_shardings=(shardings, step_batch_shardings(layout_kind, mesh, rules), ref_sh),
         out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
         donate_argnums=0,
     )

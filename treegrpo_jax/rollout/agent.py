@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import jax
 
-from treegrpo_jax.env.actions import Answer, Search, parse_action
+from treegrpo_jax.env.actions import Action, Answer, Invalid, InvalidReason, Search, parse_action
 from treegrpo_jax.env.observation import ObservationConfig, format_observation
 from treegrpo_jax.env.prompt import PromptConfig
 from treegrpo_jax.env.retrieval import Retriever
@@ -58,9 +58,17 @@ class AgentConfig:
     top_k_sampling: int = 0
 
     def __post_init__(self):
-        for name in ("max_tool_calls", "max_turns", "max_step_tokens", "top_k"):
-            if getattr(self, name) < (0 if name == "max_tool_calls" else 1):
-                raise ValueError(f"AgentConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in (
+            "max_tool_calls",
+            "max_turns",
+            "max_step_tokens",
+            "top_k",
+            "min_step_room",
+            "top_k_sampling",
+        ):
+            value, least = getattr(self, name), 0 if name in ("max_tool_calls", "top_k_sampling") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"AgentConfig.{name} must be an int ≥ {least}, got {value!r}")
         if self.max_turns < self.max_tool_calls:
             raise ValueError(
                 f"AgentConfig.max_turns={self.max_turns} must be ≥ max_tool_calls={self.max_tool_calls}"
@@ -106,18 +114,38 @@ class Trajectory:
     golds: tuple[str, ...]
 
 
+def _no_invalid_reasons() -> dict[str, int]:
+    # Every reason present from the start: multi-host metric reductions need the same keys everywhere.
+    return dict.fromkeys((r.value for r in InvalidReason), 0)
+
+
 @dataclasses.dataclass
 class LoopCounters:
+    """What the steps did, and how hostile output was classified (all bounded, none fatal)."""
+
     tool_calls: int = 0
     invalid_steps: int = 0
     truncated_leaves: int = 0
     retrieval_errors: int = 0
     reprefill_tokens: int = 0  # what an engine that resubmits the whole context per turn prefills
+    capped_steps: int = 0  # steps that ran into max_step_tokens without a stop string or EOS
+    clipped_actions: int = 0  # queries / answers cut to the parser's length bounds
+    undecodable_steps: int = 0  # steps whose tokens are not valid UTF-8 (decoded with U+FFFD)
+    invalid_reasons: dict[str, int] = dataclasses.field(default_factory=_no_invalid_reasons)
 
 
 def forced_next(node: Node, cfg: AgentConfig) -> bool:
     """Whether the step after `node` is the forced final-answer step."""
     return node.tool_calls >= cfg.max_tool_calls or node.depth >= cfg.max_turns
+
+
+def _classify(counters: LoopCounters, action: Action, text: str, *, capped: bool) -> None:
+    """Counts what a step's output was, whatever happens to the trajectory next."""
+    counters.capped_steps += int(capped)
+    counters.undecodable_steps += int("\ufffd" in text)
+    counters.clipped_actions += int(isinstance(action, Search | Answer) and action.clipped)
+    if isinstance(action, Invalid):
+        counters.invalid_reasons[action.reason.value] += 1
 
 
 def _finish_leaf(tree: Tree, node: Node, golds: Sequence[str]) -> None:
@@ -168,6 +196,12 @@ def advance(
             text = tok.decode(tokens)
             forced = forced_next(parent, cfg)
             action = parse_action(text, search_allowed=not forced)
+            _classify(
+                counters,
+                action,
+                text,
+                capped=len(tokens) >= cfg.max_step_tokens and not (res.hit_eos[i] or res.hit_stop[i]),
+            )
             node = Node(
                 node_id=len(tree.nodes),
                 parent=parent.node_id,

@@ -38,6 +38,10 @@ class TreeSearchConfig:
     num_rounds: int = 1  # L
 
     def __post_init__(self):
+        for name in ("num_trees", "num_picks", "num_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"TreeSearchConfig.{name} must be an int, got {value!r}")
         if self.num_trees < 1:
             raise ValueError(f"TreeSearchConfig.num_trees (M) must be ≥ 1, got {self.num_trees}")
         if self.num_picks < 0 or self.num_rounds < 0:
@@ -65,11 +69,16 @@ class RolloutStats:
     invalid_steps: int = 0
     truncated_leaves: int = 0
     retrieval_errors: int = 0
+    capped_steps: int = 0
+    clipped_actions: int = 0
+    undecodable_steps: int = 0
+    invalid_reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # reason → steps
     times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
     wall: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "times"}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("times", "invalid_reasons")}
+        out.update({f"invalid_{k}": v for k, v in self.invalid_reasons.items()})
         out.update({f"time_{k}": v for k, v in dataclasses.asdict(self.times).items()})
         return out
 
@@ -149,6 +158,8 @@ def rollout(
     stats.reprefill_tokens = counters.reprefill_tokens
     stats.tool_calls, stats.invalid_steps = counters.tool_calls, counters.invalid_steps
     stats.truncated_leaves, stats.retrieval_errors = counters.truncated_leaves, counters.retrieval_errors
+    stats.capped_steps, stats.clipped_actions = counters.capped_steps, counters.clipped_actions
+    stats.undecodable_steps, stats.invalid_reasons = counters.undecodable_steps, counters.invalid_reasons
     stats.wall = time.perf_counter() - t_start
     return trees, stats
 
@@ -199,24 +210,29 @@ def _rollout_wave(
     for round_idx in range(search.num_rounds):
         if search.num_picks == 0:
             break
-        picks: list[tuple[int, Node]] = []  # (tree state index, picked node)
+        picks: list[tuple[int, Node, int]] = []  # (tree state index, picked node, branch number)
         for s_idx, state in enumerate(states):
             candidates = state.tree.expandable()
             rng = np.random.default_rng([uids[s_idx // m], state.tree.tree_id, round_idx, 7])
-            picks += [(s_idx, candidates[j]) for j in rng.integers(0, len(candidates), search.num_picks)]
+            chosen = rng.integers(0, len(candidates), search.num_picks)
+            # A branch's number depends only on its own tree (not on the batch it shares), so a
+            # prompt samples the same tree alone, in any batch, or on any host.
+            picks += [
+                (s_idx, candidates[j], 1 + round_idx * search.num_picks + i) for i, j in enumerate(chosen)
+            ]
         t0 = time.perf_counter()
         slots = engine.allocate(len(picks))
         used += slots
         engine.fork(
-            [states[s_idx].holder[node.node_id] for s_idx, node in picks],
+            [states[s_idx].holder[node.node_id] for s_idx, node, _ in picks],
             slots,
-            prefix=[states[s_idx].tree.path_tokens(node.node_id)[0] for s_idx, node in picks],
+            prefix=[states[s_idx].tree.path_tokens(node.node_id)[0] for s_idx, node, _ in picks],
         )
         times.fork += time.perf_counter() - t0
         branch_trajs = []
-        for n, ((s_idx, node), slot) in enumerate(zip(picks, slots, strict=True)):
+        for (s_idx, node, branch), slot in zip(picks, slots, strict=True):
             tree = states[s_idx].tree
-            key_n = _branch_key(key, uids[s_idx // m], tree.tree_id, 1 + round_idx * len(picks) + n)
+            key_n = _branch_key(key, uids[s_idx // m], tree.tree_id, branch)
             branch_trajs.append(
                 Trajectory(tree=tree, node_id=node.node_id, slot=slot, key=key_n, golds=states[s_idx].golds)
             )

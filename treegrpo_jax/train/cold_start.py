@@ -35,16 +35,34 @@ def cold_start(model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: 
         demonstration_row(tokenize_demonstration(d, tokenizer).spans, prompt_id=i)
         for i, d in enumerate(demos)
     ]
+    # A demonstration longer than the largest length bucket cannot be batched: leave it out
+    # (say how many) rather than fail mid-run on whichever batch first draws it.
+    fits = [r for r in path_rows if len(r.tokens) <= max(length_buckets)]
+    if len(fits) < len(path_rows):
+        log.warning(
+            "cold start: %d of %d demonstrations are longer than the largest length bucket (%d tokens) "
+            "and are left out; raise config.rl.length_buckets to keep them",
+            len(path_rows) - len(fits),
+            len(path_rows),
+            max(length_buckets),
+        )
+    if len(fits) < sft.batch_rows:
+        raise ValueError(
+            f"only {len(fits)} demonstrations fit the largest length bucket ({max(length_buckets)} tokens); "
+            f"config.sft.batch_rows={sft.batch_rows} needs at least that many"
+        )
+    path_rows = fits
     state, shardings = create_train_state(model, sft.optim, mesh=mesh)
     step_fn = jit_train_step(shardings, loss_cfg=sft_loss_config(), optim_cfg=sft.optim, mesh=mesh)
     layout = BatchLayout(length_buckets=length_buckets, row_multiple=sft.batch_rows)
     rng = np.random.default_rng(seed)
-    order: list[int] = []
+    lengths = np.asarray([len(r.tokens) for r in path_rows])
+    batches: list[np.ndarray] = []
     bar = tqdm.trange(sft.steps, desc="cold-start SFT", dynamic_ncols=True)
     for step in bar:
-        if len(order) < sft.batch_rows:
-            order += list(rng.permutation(len(path_rows)))
-        idx, order = order[: sft.batch_rows], order[sft.batch_rows :]
+        if not batches:
+            batches = _length_grouped_batches(lengths, sft.batch_rows, rng)
+        idx = batches.pop()
         batch = shard_batch(build_batch([path_rows[i] for i in idx], layout), mesh)
         state, metrics = step_fn(state, batch, None)
         if step % 10 == 0 or step == sft.steps - 1:
@@ -53,3 +71,22 @@ def cold_start(model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: 
             if on_metrics:
                 on_metrics(step, {f"sft/{k}": float(v) for k, v in m.items()})
     return state.params, float(np.mean([d.reward for d in demos]))
+
+
+def _length_grouped_batches(lengths: np.ndarray, rows: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch of batches of similar lengths, in random order.
+
+    A random permutation is cut into pools of 16 batches; each pool is sorted by length and
+    cut into batches. A batch is padded to its longest row, and attention costs T², so
+    grouping similar lengths roughly halves the cost of an epoch of demonstrations, while
+    the pools keep each batch a random draw from the whole set.
+    """
+    order = rng.permutation(len(lengths))
+    pool = 16 * rows
+    batches = []
+    for start in range(0, len(order) - rows + 1, pool):
+        members = order[start : start + pool]
+        members = members[np.argsort(lengths[members], kind="stable")]
+        batches += [members[i : i + rows] for i in range(0, len(members) - rows + 1, rows)]
+    rng.shuffle(batches)
+    return batches

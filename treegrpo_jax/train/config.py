@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
+import urllib.parse
 from typing import Any
 
 from ml_collections import ConfigDict
 
 from treegrpo_jax.data.synthetic_world import WorldConfig
 from treegrpo_jax.env.observation import ObservationConfig
+from treegrpo_jax.env.prompt import load_template
 from treegrpo_jax.env.scripted_agent import ScriptConfig
+from treegrpo_jax.model.bpe_train import AGENT_TAGS, SPECIAL_TOKENS
+from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.pretrained import NAMED_MODELS
 from treegrpo_jax.parallel.mesh import MeshConfig
-from treegrpo_jax.rl.batch import BatchLayout
+from treegrpo_jax.rl.batch import BatchLayout, LayoutKind
 from treegrpo_jax.rl.loss import LossConfig
 from treegrpo_jax.rl.optim import OptimConfig
 from treegrpo_jax.rollout.agent import AgentConfig
@@ -55,6 +61,27 @@ class ModelSpec:
             raise ValueError(
                 "config.model.path is empty: set --config.model.path=/path/to/hf_checkpoint (or a .gguf)"
             )
+        if self.source == ModelSource.PRETRAINED and self.path not in NAMED_MODELS:
+            _check_path(
+                "model.path", self.path, f"an HF checkpoint directory, a .gguf file or {list(NAMED_MODELS)}"
+            )
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"config.model.{name}={getattr(self, name)!r}; allowed: {list(_DTYPES)}")
+        floor = 256 + len(SPECIAL_TOKENS) + len(AGENT_TAGS)  # bytes + specials + atomic tags
+        _check_int("model.tokenizer_vocab", self.tokenizer_vocab, floor + 1)
+        if self.source == ModelSource.SCRATCH:
+            # Built only after the tokenizer is trained: check the dims now, not minutes later.
+            try:
+                ModelConfig(
+                    vocab_size=self.tokenizer_vocab,
+                    **dict(self.dims),
+                    dtype=self.dtype,
+                    param_dtype=self.param_dtype,
+                )
+            except (TypeError, ValueError) as e:
+                known = sorted({f.name for f in dataclasses.fields(ModelConfig)} - _DERIVED_MODEL_FIELDS)
+                raise ValueError(f"config.model.dims: {e} (allowed keys: {known})") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +95,8 @@ class DataSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "kind", _enum(DataKind, self.kind, "data.kind"))
+        _check_bool("data.skip_bad_rows", self.skip_bad_rows)
+        _check_int("data.eval_prompts", self.eval_prompts, 0, "(0 = all)")
         if self.kind == DataKind.FILES:
             for name in ("train_files", "test_files"):
                 files = getattr(self, name)
@@ -78,6 +107,12 @@ class DataSpec:
                 missing = [f for f in files if not os.path.exists(f)]
                 if missing:
                     raise ValueError(f"config.data.{name}: no such file(s) {missing}")
+                odd = [f for f in files if os.path.splitext(f)[1] not in _DATA_EXTENSIONS]
+                if odd:
+                    raise ValueError(
+                        f"config.data.{name}: {odd} have unknown extensions; "
+                        f"allowed: {list(_DATA_EXTENSIONS)}"
+                    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,6 +122,7 @@ class RetrieverSpec:
     url: str = ""  # HTTP: the Search-R1 retrieval server's URL
     timeout_s: float = 10.0
     max_retries: int = 3
+    max_outage_s: float = 600.0  # unreachable this long: save a checkpoint and stop (0 = never stop)
 
     def __post_init__(self):
         object.__setattr__(self, "kind", _enum(RetrieverKind, self.kind, "retriever.kind"))
@@ -94,6 +130,15 @@ class RetrieverSpec:
             raise ValueError(
                 "config.retriever.url is empty: set --config.retriever.url=http://HOST:PORT/retrieve"
             )
+        if self.url:
+            parsed = urllib.parse.urlsplit(self.url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(f"config.retriever.url={self.url!r}: must be http(s)://HOST[:PORT]/PATH")
+        if self.corpus:
+            _check_path("retriever.corpus", self.corpus, 'a corpus JSONL of {"id", "contents"} lines')
+        _check_number("retriever.timeout_s", self.timeout_s, "> 0", lambda x: x > 0)
+        _check_int("retriever.max_retries", self.max_retries, 0)
+        _check_number("retriever.max_outage_s", self.max_outage_s, "≥ 0 (0 = never stop)", lambda x: x >= 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,6 +150,11 @@ class SFTSpec:
         default_factory=lambda: OptimConfig(learning_rate=1e-3, warmup_ratio=0.05)
     )
     script: ScriptConfig = dataclasses.field(default_factory=ScriptConfig)
+
+    def __post_init__(self):
+        _check_int("sft.steps", self.steps, 0, "(0 = no cold start)")
+        _check_int("sft.batch_rows", self.batch_rows, 1)
+        _check_int("sft.demonstrations", self.demonstrations, 1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,6 +171,10 @@ class RunSpec:
     tensorboard: bool = True
     wandb_project: str = ""
     distributed: bool = False  # jax.distributed.initialize() (multi-host TPU pods / GPU nodes)
+    # Explicit multi-process settings (all three, or none: JAX detects TPU pods and SLURM).
+    coordinator_address: str = ""
+    num_processes: int = 0
+    process_id: int = -1
 
     def __post_init__(self):
         for name in (
@@ -133,6 +187,27 @@ class RunSpec:
         ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"config.run.{name} must be a positive int, got {getattr(self, name)!r}")
+        _check_int("run.seed", self.seed, 0)
+        _check_int("run.rollout_slots", self.rollout_slots, 0, "(0 = one per leaf of every prompt)")
+        _check_int("run.render_trees", self.render_trees, 0)
+        for name in ("tensorboard", "distributed"):
+            _check_bool(f"run.{name}", getattr(self, name))
+        if not isinstance(self.num_processes, int) or self.num_processes < 0:
+            raise ValueError(f"config.run.num_processes must be an int ≥ 0, got {self.num_processes!r}")
+        if not isinstance(self.process_id, int) or not -1 <= self.process_id < max(self.num_processes, 1):
+            raise ValueError(
+                f"config.run.process_id must be -1 (detect) or in [0, num_processes={self.num_processes}), "
+                f"got {self.process_id!r}"
+            )
+        explicit = (bool(self.coordinator_address), self.num_processes > 0, self.process_id >= 0)
+        if any(explicit) and not all(explicit):
+            raise ValueError(
+                "config.run.coordinator_address, num_processes and process_id are set together (or all "
+                f"left empty to let JAX detect them), got {self.coordinator_address!r}, "
+                f"{self.num_processes}, {self.process_id}"
+            )
+        if any(explicit) and not self.distributed:
+            raise ValueError("config.run.coordinator_address etc. need config.run.distributed=True")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,6 +244,83 @@ class TrainConfig:
                 f"config.run.prompts_per_step={self.run.prompts_per_step} must be divisible by "
                 f"config.rl.num_minibatches={self.layout.num_minibatches}"
             )
+        self._check_lengths()
+        try:
+            load_template(self.template)
+        except FileNotFoundError as e:
+            raise ValueError(f"config.template: {e} (bundled: search_agent, search_agent_terse)") from None
+
+    def _check_lengths(self) -> None:
+        """Every cap fits the context, and the context fits the longest training bucket."""
+        ctx = self.run.context_len
+        if self.layout.length_buckets[-1] < ctx:
+            raise ValueError(
+                f"config.rl.length_buckets={self.layout.length_buckets}: the longest must be ≥ "
+                f"config.run.context_len={ctx}, or a long trajectory cannot be trained on"
+            )
+        step = self.agent.max_step_tokens + self.agent.min_step_room
+        if step >= ctx:
+            raise ValueError(
+                f"config.agent.max_step_tokens + min_step_room = {step} must be < "
+                f"config.run.context_len={ctx}"
+            )
+        if self.observation.max_tokens >= ctx:
+            raise ValueError(
+                f"config.observation.max_tokens={self.observation.max_tokens} must be < "
+                f"config.run.context_len={ctx}"
+            )
+
+    def check_devices(self, num_devices: int, num_processes: int = 1) -> None:
+        """Raises a ValueError naming the key when the job's devices cannot run this config.
+
+        Args:
+          num_devices: `jax.device_count()` (all processes).
+          num_processes: `jax.process_count()`.
+        """
+        try:
+            shape = self.mesh.resolve(num_devices)
+        except ValueError as e:
+            raise ValueError(f"config.{e}") from None
+        if self.run.prompts_per_step % num_processes:
+            raise ValueError(
+                f"config.run.prompts_per_step={self.run.prompts_per_step} must be divisible by the "
+                f"{num_processes} processes (each samples its own share of the prompts)"
+            )
+        rows = math.prod(shape[:2])  # the data and fsdp axes split the rows
+        if self.layout.row_multiple % rows:
+            raise ValueError(
+                f"config.rl.row_multiple={self.layout.row_multiple} must be a multiple of the mesh's "
+                f"data × fsdp = {rows} devices (config.mesh.shape={self.mesh.shape} → {shape})"
+            )
+
+
+_DATA_EXTENSIONS = (".parquet", ".jsonl")
+_DTYPES = ("float32", "bfloat16", "float16")  # ModelConfig's compute / storage dtypes
+# ModelConfig fields a config file never sets: the tokenizer and the `model` block give them.
+_DERIVED_MODEL_FIELDS = {"vocab_size", "dtype", "param_dtype", "eos_token_ids", "bos_token_id"}
+
+
+def _check_int(key: str, value, minimum: int, note: str = "") -> None:
+    # bool is an int subclass: `True` is never a count.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"config.{key} must be an int ≥ {minimum}{' ' + note if note else ''}, got {value!r}"
+        )
+
+
+def _check_number(key: str, value, allowed: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise ValueError(f"config.{key} must be a number {allowed}, got {value!r}")
+
+
+def _check_bool(key: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"config.{key} must be True or False, got {value!r}")
+
+
+def _check_path(key: str, path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise ValueError(f"config.{key}={path!r}: no such file or directory (expected {what})")
 
 
 def _enum(cls, value, key: str):
@@ -228,36 +380,40 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
     for name in ("train_files", "test_files"):
         data[name] = _tuple(data.get(name, ()))
     rl = dict(c["rl"])
-    layout_keys = {f.name for f in dataclasses.fields(BatchLayout)}
+    # `rl.layout` ("packed" | "paths") is BatchLayout.kind; the other layout keys keep their names.
+    layout_kind = _enum(LayoutKind, rl.pop("layout", LayoutKind.PACKED), "rl.layout")
+    layout_keys = {f.name for f in dataclasses.fields(BatchLayout)} - {"kind"}
     layout = {k: rl.pop(k) for k in list(rl) if k in layout_keys}
+    layout["kind"] = layout_kind
     if "length_buckets" in layout:
         layout["length_buckets"] = tuple(layout["length_buckets"])
+    # Blocks that others are derived from go first, so a bad value is reported under its own key.
+    agent = _make(AgentConfig, c["agent"], "agent")
+    run = _make(RunSpec, c["run"], "run")
     sft = dict(c.get("sft", {}))
     sft_optim = _make(
         OptimConfig, sft.pop("optim", {}), "sft.optim", total_steps=max(1, sft.get("steps", 0) or 1)
     )
     # Demonstrations must look like rollouts: same passages per search, same tool-call limit.
-    agent_block = c["agent"]
     sft_script = _make(
         ScriptConfig,
         sft.pop("script", {}),
         "sft.script",
-        top_k=agent_block.get("top_k", AgentConfig.top_k),
-        max_tool_calls=agent_block.get("max_tool_calls", AgentConfig.max_tool_calls),
+        top_k=agent.top_k,
+        max_tool_calls=agent.max_tool_calls,
     )
-    run = c["run"]
     return TrainConfig(
         model=_make(ModelSpec, model, "model"),
         data=_make(DataSpec, data, "data", world=world),
         retriever=_make(RetrieverSpec, c["retriever"], "retriever"),
-        agent=_make(AgentConfig, c["agent"], "agent"),
+        agent=agent,
         observation=_make(ObservationConfig, c["observation"], "observation"),
         tree=_make(TreeSearchConfig, c["tree"], "tree"),
         loss=_make(LossConfig, rl, "rl"),
-        optim=_make(OptimConfig, c["optim"], "optim", total_steps=run["steps"]),
+        optim=_make(OptimConfig, c["optim"], "optim", total_steps=run.steps),
         layout=_make(BatchLayout, layout, "rl"),
         sft=_make(SFTSpec, sft, "sft", optim=sft_optim, script=sft_script),
-        run=_make(RunSpec, run, "run"),
+        run=run,
         mesh=_make(MeshConfig, {"shape": tuple(c["mesh"]["shape"])}, "mesh"),
         template=c.get("template", "search_agent"),
     )

@@ -1,12 +1,16 @@
 """`train_and_evaluate`: cold start → Tree-GRPO steps → evaluation, checkpoints and logs.
 
 One RL step: the loader's next prompts → tree rollouts on the current weights (the
-engine holds the train state's own arrays: no copy) → one row per root-to-leaf path →
-advantages over all rows and the clipped update (`rl.train_step`) → metrics. Every
-`eval_every` steps, greedy EM on the test rows; every `checkpoint_every` steps, an
-Orbax checkpoint with the optimizer, the data-loader position and the step. Re-running
+engine holds the train state's own arrays: no copy) → each tree's unique tokens packed
+once (`rl.layout` "packed"; "paths": one row per root-to-leaf path) → advantages over all
+leaves and the clipped update (`rl.train_step`) → metrics. Every `eval_every` steps,
+greedy EM on the test rows; every `checkpoint_every` steps, an Orbax checkpoint with the
+optimizer, the data-loader position and the step. Re-running
 the same command resumes from the latest checkpoint; SIGTERM (TPU preemption) finishes
-the current step, saves, and exits cleanly.
+the current step, saves, and exits cleanly. A SIGKILL loses at most the steps since the
+last committed checkpoint, and the re-run repeats them bit for bit. A retrieval server
+unreachable for longer than `retriever.max_outage_s` stops the run with a saved checkpoint
+(`RetrieverUnavailableError`), never a hang.
 """
 
 from __future__ import annotations
@@ -23,19 +27,21 @@ import tqdm
 from flax import nnx
 
 from treegrpo_jax.data.loader import LoaderConfig, RowLoader
+from treegrpo_jax.env.retrieval import RetrieverUnavailableError
 from treegrpo_jax.parallel.mesh import make_mesh
-from treegrpo_jax.rl.batch import build_batch, rows_from_trees, shard_batch
+from treegrpo_jax.rl.batch import LayoutKind, build_batch, rows_from_trees, shard_batch
+from treegrpo_jax.rl.packed import build_packed_batch
 from treegrpo_jax.rl.train_state import create_train_state
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
 from treegrpo_jax.rollout.tree_search import rollout
-from treegrpo_jax.train import setup
+from treegrpo_jax.train import multihost, setup
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import cold_start
 from treegrpo_jax.train.config import ModelSource, TrainConfig
-from treegrpo_jax.train.evaluate import evaluate, format_table, leaf_metrics
+from treegrpo_jax.train.evaluate import format_table, leaf_metrics
 from treegrpo_jax.train.export import save_model_config
-from treegrpo_jax.train.metrics import MetricsWriter
+from treegrpo_jax.train.metrics import MetricsWriter, read_metrics, reduce_across_processes
 from treegrpo_jax.train.plots import plot_metrics
 
 log = logging.getLogger(__name__)
@@ -56,24 +62,26 @@ class _Preempted:
 def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
     """Runs (or resumes) the whole job in `workdir`; returns the final evaluation metrics."""
     if cfg.run.distributed:
-        jax.distributed.initialize()
+        multihost.initialize(cfg.run.coordinator_address, cfg.run.num_processes, cfg.run.process_id)
+    cfg.check_devices(jax.device_count(), jax.process_count())
     os.makedirs(workdir, exist_ok=True)
     primary = jax.process_index() == 0
     mesh = make_mesh(cfg.mesh) if jax.device_count() > 1 else None
     preempted = _Preempted()
 
-    data = setup.load_data(cfg, workdir)
-    retriever = setup.make_retriever(cfg, data)
-    tokenizer = (
-        setup.make_tokenizer(cfg, data, retriever, workdir)
-        if cfg.model.source == ModelSource.SCRATCH
-        else None
-    )
+    with multihost.primary_first("setup"):  # process 0 writes the world and the tokenizer once
+        data = setup.load_data(cfg, workdir)
+        retriever = setup.make_retriever(cfg, data)
+        tokenizer = (
+            setup.make_tokenizer(cfg, data, retriever, workdir)
+            if cfg.model.source == ModelSource.SCRATCH
+            else None
+        )
     model, model_cfg, tokenizer = setup.make_model(cfg, tokenizer, mesh)
     env = setup.make_env(cfg, tokenizer, retriever)
     if primary:
         save_model_config(workdir, model_cfg)
-        tokenizer.backend.save_pretrained(os.path.join(workdir, "tokenizer"))
+        setup.save_tokenizer(tokenizer, workdir)
     test_rows = list(data.test[: cfg.data.eval_prompts or None])
     writer = MetricsWriter(
         workdir,
@@ -98,11 +106,16 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         process_count=jax.process_count(),
     )
 
+    def make_engine(state):
+        # Each process samples its own prompts, from a process-local copy of the weights.
+        model = nnx.merge(state.graphdef, multihost.local_params(state.params))
+        return setup.make_engine(model, tokenizer, num_slots=slots, max_len=cfg.run.context_len)
+
     def log_metrics(step, metrics):
         writer.write(step, metrics)
 
     def run_eval(step, engine):
-        metrics, trees = evaluate(engine, env, test_rows, cfg.agent, seed=cfg.run.seed)
+        metrics, trees = multihost.evaluate_sharded(engine, env, test_rows, cfg.agent, seed=cfg.run.seed)
         log_metrics(step, metrics)
         if primary and cfg.run.render_trees:
             render_trees(
@@ -110,6 +123,17 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
             )
         tqdm.tqdm.write(f"[step {step}] eval EM {100 * metrics['eval/em']:.1f}\n{format_table(metrics)}")
         return metrics
+
+    def stop_for_outage(error, step, state, extra, reference=None):
+        # The state is exactly checkpoint `step` (the update of `step + 1` has not started):
+        # save it, so re-running the same command once the server is back loses nothing.
+        ckpt.save(step, state, extra, reference=reference, force=True)
+        ckpt.wait()
+        writer.close()
+        raise RetrieverUnavailableError(
+            f"{error}. Saved checkpoint step {step} in {ckpt.directory}: bring the retrieval server "
+            "back and re-run the same command to resume."
+        ) from error
 
     latest = ckpt.latest_step()
     ref_params = None
@@ -130,11 +154,14 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
             log.info("cold start done (demonstration reward %.3f)", demo_reward)
         state, shardings = create_train_state(model, cfg.optim, mesh=mesh)
         start, extra = 0, {"loader": loader.get_state()}
-        engine = setup.make_engine(state.model, tokenizer, num_slots=slots, max_len=cfg.run.context_len)
+        engine = make_engine(state)
         writer.truncate_after(-1)  # a run killed before its first checkpoint starts its log afresh
-        run_eval(0, engine)  # EM after the cold start
         if cfg.loss.uses_reference:  # the frozen KL reference: saved once, beside the checkpoints
             ref_params = jax.tree.map(jnp.copy, state.params)
+        try:
+            run_eval(0, engine)  # EM after the cold start
+        except RetrieverUnavailableError as e:
+            stop_for_outage(e, 0, state, {**extra, "eval_pending": True}, reference=ref_params)
         ckpt.save(0, state, extra, reference=ref_params, force=True)
     else:
         state, shardings = create_train_state(model, cfg.optim, mesh=mesh)
@@ -143,38 +170,71 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         )
         start = latest
         writer.truncate_after(start)
-        engine = setup.make_engine(state.model, tokenizer, num_slots=slots, max_len=cfg.run.context_len)
+        engine = make_engine(state)
         log.info("resumed from step %d", start)
     loader.set_state(extra["loader"])
-
-    step_fn = jit_train_step(shardings, loss_cfg=cfg.loss, optim_cfg=cfg.optim, mesh=mesh)
-    root_key = jax.random.key(cfg.run.seed)
     final_eval: dict[str, float] = {}
+    if extra.get("eval_pending"):  # a retriever outage stopped the evaluation of this step
+        final_eval = run_eval(start, engine)
+    elif start == cfg.run.steps:  # killed after the last checkpoint: its evaluation is in the log
+        final_eval = _logged_eval(writer.path, start)
+
+    # Packed trees keep one host's leaf tables: several processes train on path rows (same update).
+    layout_kind = cfg.layout.kind if jax.process_count() == 1 else LayoutKind.PATHS
+    step_fn = jit_train_step(
+        shardings, loss_cfg=cfg.loss, optim_cfg=cfg.optim, mesh=mesh, layout_kind=layout_kind
+    )
+    root_key = jax.random.key(cfg.run.seed)
+    faults = setup.retriever_faults(retriever)
     bar = tqdm.trange(
         start, cfg.run.steps, initial=start, total=cfg.run.steps, desc="Tree-GRPO", dynamic_ncols=True
     )
     for step in bar:
         t0 = time.perf_counter()
+        before = {"loader": loader.get_state()}  # checkpoint `step`'s host state
         rows = next(loader)
         base_uid = step * cfg.run.prompts_per_step + jax.process_index() * len(rows)
-        trees, rstats = rollout(
-            engine,
-            env,
-            rows,
-            cfg.tree,
-            cfg.agent,
-            key=jax.random.fold_in(root_key, step),
-            prompt_uids=[base_uid + i for i in range(len(rows))],
-        )
+        try:
+            trees, rstats = rollout(
+                engine,
+                env,
+                rows,
+                cfg.tree,
+                cfg.agent,
+                key=jax.random.fold_in(root_key, step),
+                prompt_uids=[base_uid + i for i in range(len(rows))],
+            )
+        except RetrieverUnavailableError as e:
+            stop_for_outage(e, step, state, before)
         t1 = time.perf_counter()
-        batch = shard_batch(build_batch(rows_from_trees(trees), cfg.layout), mesh)
+        if layout_kind == LayoutKind.PACKED:  # each tree's unique tokens once: same loss, fewer tokens
+            batch = shard_batch(build_packed_batch(trees, cfg.layout), mesh)
+        else:
+            path_rows = multihost.global_prompt_ids(
+                rows_from_trees(trees), base_uid - step * cfg.run.prompts_per_step
+            )
+            batch = multihost.place_batch(build_batch(path_rows, cfg.layout), mesh)
         state, train_metrics = step_fn(state, batch, ref_params)
-        engine.set_params(state.params)  # the next rollout samples from the updated policy, no copy
+        # The next rollout samples from the updated policy (the same arrays on one process).
+        engine.set_params(multihost.local_params(state.params))
         metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
-        metrics.update(leaf_metrics(trees, "train"))
-        metrics.update({f"rollout/{k}": float(v) for k, v in rstats.as_dict().items()})
-        metrics["rollout/reprefill_ratio"] = rstats.reprefill_tokens / max(1, rstats.prefilled_tokens)
-        metrics["time/rollout_s"], metrics["time/step_s"] = t1 - t0, time.perf_counter() - t0
+        host = leaf_metrics(trees, "train")  # every host has as many leaves: means of means are exact
+        host.update({f"rollout/{k}": float(v) for k, v in rstats.as_dict().items()})
+        host["time/rollout_s"], host["time/step_s"] = t1 - t0, time.perf_counter() - t0
+        now = setup.retriever_faults(retriever)  # this step's retries, timeouts, bad bodies, ...
+        host.update({f"rollout/retriever_{k}": float(now[k] - faults[k]) for k in now})
+        faults = now
+        metrics.update(
+            reduce_across_processes(
+                host,
+                sum_keys=[
+                    k for k in host if k.startswith("rollout/") and "time" not in k and "wall" not in k
+                ],
+            )
+        )
+        metrics["rollout/reprefill_ratio"] = metrics["rollout/reprefill_tokens"] / max(
+            1.0, metrics["rollout/prefilled_tokens"]
+        )
         done = step + 1
         log_metrics(done, metrics)
         bar.set_postfix(
@@ -184,7 +244,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         )
         last = done == cfg.run.steps
         if done % cfg.run.eval_every == 0 or last:
-            final_eval = run_eval(done, engine)
+            try:
+                final_eval = run_eval(done, engine)
+            except RetrieverUnavailableError as e:
+                stop_for_outage(e, done, state, {"loader": loader.get_state(), "eval_pending": True})
             if primary:
                 plot_metrics(os.path.join(workdir, "metrics.jsonl"), plots_dir)
         ckpt.save(done, state, {"loader": loader.get_state()}, force=last or preempted.requested)
@@ -201,3 +264,11 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         with open(os.path.join(workdir, "final_eval.json"), "w") as f:
             json.dump(final_eval, f, indent=2)
     return final_eval
+
+
+def _logged_eval(metrics_path, step: int) -> dict[str, float]:
+    """The evaluation logged at `step` (the primary process's log; {} elsewhere or if none)."""
+    if not os.path.isfile(metrics_path):
+        return {}
+    rows = [r for r in read_metrics(metrics_path) if r["step"] == step and "eval/em" in r]
+    return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}

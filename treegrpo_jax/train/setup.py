@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 
 from jax.sharding import Mesh
 
@@ -68,6 +69,7 @@ def make_retriever(cfg: TrainConfig, data: Data) -> Retriever:
                 url=cfg.retriever.url,
                 timeout_s=cfg.retriever.timeout_s,
                 max_retries=cfg.retriever.max_retries,
+                max_outage_s=cfg.retriever.max_outage_s or None,  # 0: error observations forever
             )
         )
     if data.world is not None:
@@ -101,7 +103,34 @@ def make_tokenizer(cfg: TrainConfig, data: Data, retriever: Retriever, workdir: 
         + [d.transcript() for d in drafts]
         + [prompt.render(r.question) for r in data.train]
     )
-    return train_bpe_tokenizer(texts, vocab_size=cfg.model.tokenizer_vocab, out_dir=out)
+    # Trained into a scratch directory and renamed: a kill mid-write never leaves a tokenizer
+    # directory that loads with different ids (or without its EOS ids) on resume.
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=cfg.model.tokenizer_vocab, out_dir=tmp)
+    _replace_dir(tmp, out)
+    return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, workdir: str) -> None:
+    """Writes `WORKDIR/tokenizer` once, atomically (a restart finds it complete or absent)."""
+    out = os.path.join(workdir, "tokenizer")
+    if os.path.exists(os.path.join(out, "tokenizer.json")):
+        return  # written by make_tokenizer or an earlier run: the ids must not change under a resume
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.backend.save_pretrained(tmp)
+    _replace_dir(tmp, out)
+
+
+def _replace_dir(tmp: str, out: str) -> None:
+    shutil.rmtree(out, ignore_errors=True)  # a directory an older, non-atomic writer left half done
+    os.replace(tmp, out)
+
+
+def retriever_faults(retriever: Retriever) -> dict[str, int]:
+    """The HTTP client's cumulative fault counters (empty for in-process retrievers)."""
+    return retriever.stats.as_dict() if isinstance(retriever, HttpRetriever) else {}
 
 
 def make_model(

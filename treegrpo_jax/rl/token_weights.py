@@ -1,0 +1,134 @@
+"""Per-token leaf sums: why a tree's shared tokens can be trained once, exactly.
+
+Legend: B rows, T tokens, L leaves, Q (leaf, node) ancestor pairs, N nodes; `...` any row dims.
+
+The paths layout trains a token t shared by the leaves ℓ ∈ below(t) once per leaf, each time
+with the leaf's advantage A_ℓ and a per-leaf weight v_ℓ: v_ℓ = 1 for token-mean, v_ℓ = 1/n_ℓ
+for seq-mean-token-mean (n_ℓ = model tokens on ℓ's path). Each path copy of t has the same
+ratio ρ_t, KL and entropy (the same prefix gives the same log-probs), and the clipped surrogate
+of `loss.py` is positively homogeneous in A on each sign:
+
+    pg(ρ, A) = A⁺·pg(ρ, +1) + A⁻·pg(ρ, −1)          A⁺ = max(A, 0), A⁻ = max(−A, 0)
+    pg(ρ, +1) = max(−ρ, −clip(ρ))                    (= −min(ρ, 1+ε_high))
+    pg(ρ, −1) = min(max(ρ, clip(ρ)), c)              (the dual clip c bounds negatives only)
+
+so the sum over t's path copies is a function of ρ_t and of four sums over below(t):
+
+    Σ_ℓ v_ℓ·[pg(ρ_t, A_ℓ) + β·kl_t − α·H_t]
+        = pos_t·pg(ρ_t, +1) + neg_t·pg(ρ_t, −1) + weight_t·(β·kl_t − α·H_t),
+    pos_t = Σ v_ℓ·A_ℓ⁺,  neg_t = Σ v_ℓ·A_ℓ⁻,  weight_t = Σ v_ℓ.
+
+Divided by the same normaliser (token-mean: path tokens Σ_t count_t; seq-mean: rows with a model
+token) this is the paths loss exactly, gradient included: JAX splits a max/min tie evenly, and
+that split is unchanged by a positive scale. Token-counted metrics (clip fractions, ratio mean,
+log-prob gap) use count_t = |below(t)| and the counts of positive / negative leaves.
+
+A path row is the special case below(t) = {its leaf} (`row_weights`); a packed tree gets the
+sums from its (leaf, node) ancestor pairs with one segment sum (`tree_weights`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from treegrpo_jax.rl.loss import Aggregation
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenWeights:
+    """Sums over the leaves whose path holds the token; 0 off model tokens and on padding.
+
+    Attributes:
+      pos: Σ v_ℓ·max(A_ℓ, 0).
+      neg: Σ v_ℓ·max(−A_ℓ, 0).
+      weight: Σ v_ℓ (weights the KL and entropy terms).
+      count: number of leaves (= path copies of the token).
+      count_pos / count_neg: leaves with A_ℓ > 0 / A_ℓ < 0 (clip-fraction metrics).
+    """
+
+    pos: Float[Array, "... T"]
+    neg: Float[Array, "... T"]
+    weight: Float[Array, "... T"]
+    count: Float[Array, "... T"]
+    count_pos: Float[Array, "... T"]
+    count_neg: Float[Array, "... T"]
+
+    @classmethod
+    def from_stack(cls, x: Float[Array, "... T 6"]) -> TokenWeights:
+        return cls(**{f.name: x[..., i] for i, f in enumerate(dataclasses.fields(cls))})
+
+
+def _leaf_terms(
+    advantage: Float[Array, "*L"],
+    model_tokens: Float[Array, "*L"],
+    valid: Bool[Array, "*L"],
+    aggregation: Aggregation,
+) -> Float[Array, "*L 6"]:
+    """Per leaf, the six TokenWeights terms (stacked last, in field order); 0 on invalid leaves."""
+    a = advantage.astype(jnp.float32)
+    if aggregation == Aggregation.TOKEN_MEAN:
+        v = jnp.ones_like(a)
+    else:  # the paper's equation: each path's token sum divided by its own length
+        v = 1.0 / jnp.maximum(model_tokens.astype(jnp.float32), 1.0)
+    # max(NaN, 0) is NaN: a non-finite advantage poisons the loss (and the update is skipped).
+    terms = [
+        v * jnp.maximum(a, 0.0),
+        v * jnp.maximum(-a, 0.0),
+        v,
+        jnp.ones_like(a),
+        (a > 0).astype(jnp.float32),
+        (a < 0).astype(jnp.float32),
+    ]
+    return jnp.where(valid[..., None], jnp.stack(terms, axis=-1), 0.0)
+
+
+def row_weights(
+    advantage: Float[Array, "..."], model_mask: Float[Array, "... T"], aggregation: Aggregation
+) -> TokenWeights:
+    """Path rows: every model token of a row carries its own leaf's terms.
+
+    Args:
+      advantage: one per row.
+      model_mask: 1 on model tokens of real rows (0 on padding rows too).
+      aggregation: decides the per-leaf weight v.
+    """
+    m = model_mask.astype(jnp.float32)
+    n = jnp.sum(m, axis=-1)
+    terms = _leaf_terms(advantage, n, jnp.ones(advantage.shape, bool), aggregation)
+    return TokenWeights.from_stack(jnp.where(m[..., None] > 0, terms[..., None, :], 0.0))
+
+
+def tree_weights(
+    advantage: Float[Array, " L"],
+    leaf_tokens: Float[Array, " L"],
+    leaf_valid: Bool[Array, " L"],
+    pair_leaf: Int[Array, " Q"],
+    pair_node: Int[Array, " Q"],
+    token_node: Int[Array, "... T"],
+    model_mask: Float[Array, "... T"],
+    *,
+    num_nodes: int,
+    aggregation: Aggregation,
+) -> TokenWeights:
+    """Packed trees: a token's sums over the leaves below its node.
+
+    Args:
+      advantage: one per leaf.
+      leaf_tokens: model tokens on each leaf's root-to-leaf path (n_ℓ).
+      leaf_valid: False on padding leaves.
+      pair_leaf / pair_node: one pair per (leaf, node on the leaf's path); padding pairs point
+        at node 0, which no real token uses.
+      token_node: the node of every token.
+      model_mask: 1 on model tokens of real trees.
+      num_nodes: N, the size of the node table (static).
+      aggregation: decides the per-leaf weight v.
+    """
+    terms = _leaf_terms(advantage, leaf_tokens, leaf_valid, aggregation)
+    per_node = jax.ops.segment_sum(terms[pair_leaf], pair_node, num_segments=num_nodes)  # [N, 6]
+    per_token = per_node[token_node]  # [..., T, 6]
+    return TokenWeights.from_stack(jnp.where(model_mask[..., None] > 0, per_token, 0.0))

@@ -1,0 +1,161 @@
+"""Multi-host pieces of the training loop: start-up, per-host rollouts, global batches, reductions.
+
+With several JAX processes (TPU pod slices, multi-node GPU, or CPU processes in the tests),
+training is one SPMD program over a global mesh, but rollouts are not: each process samples
+its own prompts for as many decode steps as its own trajectories need, so it must sample
+from a *process-local* copy of the weights (a jitted call on global arrays would need every
+process to take part). Everything else follows from that:
+
+- `local_params`: the addressable copy of replicated weights (no copy at all), or an
+  all-gather of weights sharded across processes (FSDP / tensor parallel over hosts).
+- `place_batch`: every process builds its rows, the processes agree on one padded shape
+  (longest bucket, most rows) and the global batch is assembled with
+  `jax.make_array_from_process_local_data`, process p's rows in the p-th block.
+- `evaluate_sharded`: process p evaluates every n-th test row from p; EM per data source is
+  reduced from sums and counts, so it equals a one-process evaluation of the same rows.
+- `primary_first`: files derived once per run (synthetic world, trained tokenizer) are
+  written by process 0 while the others wait, then read by all.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from treegrpo_jax.data.rows import QARow
+from treegrpo_jax.rl.batch import PathBatch, PathRow, batch_shardings, shard_batch
+from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
+from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.train.evaluate import evaluate
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
+    """`jax.distributed.initialize`, explicit (all three set) or auto-detected (TPU pod, SLURM)."""
+    if coordinator_address:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+        )
+    else:
+        jax.distributed.initialize()
+
+
+@contextlib.contextmanager
+def primary_first(name: str) -> Iterator[bool]:
+    """Runs the body on process 0 first, then on the others (after a barrier).
+
+    Yields nothing useful; use it as `with primary_first("setup"): ...` around code that
+    writes a file the first time and reads it afterwards.
+    """
+    if jax.process_count() == 1:
+        yield True
+        return
+    primary = jax.process_index() == 0
+    if not primary:
+        multihost_utils.sync_global_devices(f"{name}:primary-done")
+    yield primary
+    if primary:
+        multihost_utils.sync_global_devices(f"{name}:primary-done")
+
+
+def local_params(params):
+    """A process-local copy of `params` for sampling (the same arrays when they are local already)."""
+
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        if x.sharding.is_fully_replicated:
+            return x.addressable_data(0)  # this host's replica: no copy
+        return jnp.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(one, params)
+
+
+def global_prompt_ids(rows: Sequence[PathRow], offset: int) -> list[PathRow]:
+    """Shifts local prompt ids (row indices) by this host's first prompt: unique across hosts."""
+    return [dataclasses.replace(r, prompt_id=r.prompt_id + offset) for r in rows]
+
+
+def _pad_batch(batch: PathBatch, rows: int, seq_len: int) -> PathBatch:
+    """Pads a host batch `[n_mini, n_micro, b, T]` to `b=rows`, `T=seq_len` (padding rows are inert)."""
+    *lead, b = batch.row_shape
+    t = batch.seq_len
+    if (b, t) == (rows, seq_len):
+        return batch
+    fill = {"prompt_id": -1, "tree_id": -1}
+
+    def pad(name, x):
+        x = np.asarray(x)
+        widths = [(0, 0)] * len(lead) + [(0, rows - b)]
+        if x.ndim == len(lead) + 2:
+            widths.append((0, seq_len - t))
+        return np.pad(x, widths, constant_values=fill.get(name, 0))
+
+    out = {f.name: pad(f.name, getattr(batch, f.name)) for f in dataclasses.fields(PathBatch)}
+    out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), out["tokens"].shape).copy()
+    return PathBatch(**out)
+
+
+def place_batch(batch: PathBatch, mesh: Mesh | None) -> PathBatch:
+    """Puts this host's rows into the step's global batch (`shard_batch` with one process).
+
+    Hosts agree on the largest row count and length bucket, pad to them, and each host's
+    rows become the p-th block of the global rows axis.
+    """
+    if jax.process_count() == 1:
+        return shard_batch(batch, mesh)
+    if mesh is None:
+        raise ValueError("several JAX processes need a mesh over all their devices")
+    *lead, b = batch.row_shape
+    sizes = multihost_utils.process_allgather(np.asarray([b, batch.seq_len], np.int32))
+    b_max, t_max = (int(v) for v in np.asarray(sizes).reshape(-1, 2).max(axis=0))
+    batch = _pad_batch(batch, b_max, t_max)
+    shardings = batch_shardings(mesh, row_dims=len(lead) + 1)
+    n = jax.process_count()
+
+    def assemble(local, sharding):
+        shape = list(local.shape)
+        shape[len(lead)] *= n
+        return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
+
+    return jax.tree.map(assemble, batch, shardings)
+
+
+def evaluate_sharded(
+    engine: Engine, env: AgentEnv, rows: Sequence[QARow], agent: AgentConfig, *, seed: int = 0
+) -> tuple[dict[str, float], list]:
+    """`evaluate` over all hosts: host p takes rows p, p+n, …; returns global metrics, local trees."""
+    n, p = jax.process_count(), jax.process_index()
+    if n == 1:
+        return evaluate(engine, env, rows, agent, seed=seed)
+    mine = list(rows[p::n])
+    metrics, trees = evaluate(engine, env, mine, agent, seed=seed)
+    sources = sorted({r.data_source for r in rows})
+    per_source = collections.defaultdict(lambda: [0.0, 0.0])
+    for row, tree in zip(mine, trees, strict=True):
+        per_source[row.data_source][0] += tree.leaves()[0].em
+        per_source[row.data_source][1] += 1
+    k = len(mine)
+    # Sums, so that hosts with different row counts weigh each row equally.
+    local = [metrics[key] * k for key in _MEAN_KEYS] + [k, metrics["eval/wall_s"]]
+    for s in sources:
+        local += per_source[s]
+    total = np.asarray(multihost_utils.process_allgather(np.asarray(local, np.float64).view(np.uint32)))
+    sums = total.reshape(n, -1).view(np.float64).sum(axis=0)
+    count = max(sums[len(_MEAN_KEYS)], 1.0)
+    out = {key: float(sums[i] / count) for i, key in enumerate(_MEAN_KEYS)}
+    out["eval/wall_s"] = float(sums[len(_MEAN_KEYS) + 1] / n)
+    for i, s in enumerate(sources):
+        em_sum, num = sums[len(_MEAN_KEYS) + 2 + 2 * i : len(_MEAN_KEYS) + 4 + 2 * i]
+        out[f"eval/em/{s}"] = float(em_sum / max(num, 1.0))
+    return out, trees
+
+
+_MEAN_KEYS = ("eval/em", "eval/reward_mean", "eval/tool_calls_mean", "eval/response_tokens_mean")
