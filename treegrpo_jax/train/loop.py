@@ -193,7 +193,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         t0 = time.perf_counter()
         before = {"loader": loader.get_state()}  # checkpoint `step`'s host state
         rows = next(loader)
-        base_uid = step * cfg.run.prompts_per_step + jax.process_index() * len(rows)
+        first_prompt = jax.process_index() * len(rows)  # this host's first prompt of the step
+        base_uid = step * cfg.run.prompts_per_step + first_prompt
         try:
             trees, rstats = rollout(
                 engine,
@@ -210,9 +211,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         if layout_kind == LayoutKind.PACKED:  # each tree's unique tokens once: same loss, fewer tokens
             batch = shard_batch(build_packed_batch(trees, cfg.layout), mesh)
         else:
-            path_rows = multihost.global_prompt_ids(
-                rows_from_trees(trees), base_uid - step * cfg.run.prompts_per_step
-            )
+            path_rows = multihost.global_prompt_ids(rows_from_trees(trees), first_prompt)
             batch = multihost.place_batch(build_batch(path_rows, cfg.layout), mesh)
         state, train_metrics = step_fn(state, batch, ref_params)
         # The next rollout samples from the updated policy (the same arrays on one process).
