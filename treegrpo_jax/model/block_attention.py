@@ -54,7 +54,8 @@ def block_sparse_attention(q_BTHD: Array, k_BKTD: Array, v_BKTD: Array, mask: Bl
     v = v_BKTD.reshape(b, k_heads, nq, c, d)[rows, :, idx]
     scores = jnp.einsum("bnqkgd,bnjkud->bkgnqju", q, k, preferred_element_type=jnp.float32)
     scores = (scores * (d**-0.5)).reshape(*scores.shape[:5], j * c)
-    scores = jnp.where(mask.visible[:, None, None], scores, _NEG_INF)
+    # An added bias rather than a select: the backward then keeps no mask-shaped residual.
+    scores = scores + jnp.where(mask.visible[:, None, None], 0.0, _NEG_INF).astype(jnp.float32)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(*scores.shape[:5], j, c)
     out = jnp.einsum("bkgnqju,bnjkud->bnqkgd", probs, v)
     return out.reshape(b, t, h, d)

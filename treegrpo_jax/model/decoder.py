@@ -32,6 +32,27 @@ from treegrpo_jax.model.config import ModelConfig
 _NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
 
 
+def mask_bias(mask: Bool[Array, "..."]) -> Float[Array, "..."]:
+    """0 where attention is allowed, `_NEG_INF` where not (added to the scores).
+
+    Exactly the select it replaces: scores are far below the spacing of f32 values near 1e30,
+    so a hidden score becomes `_NEG_INF` itself.
+    """
+    return jnp.where(mask, 0.0, _NEG_INF).astype(jnp.float32)
+
+
+def _linear(x: Array, w: Array) -> Array:
+    """`x[..., I] @ w[I, ...]` as one 2-D matmul.
+
+    XLA:CPU runs the backward of a rank-3 einsum ("bte,ehd->bthd") through transposes of the
+    activations that cost more than the matmuls; flattening both sides avoids them (the
+    training step runs ~1.5x faster on CPU), and on TPU/GPU it is the same dot.
+    """
+    lead, out = x.shape[:-1], w.shape[1:]
+    y = x.reshape(-1, x.shape[-1]) @ w.reshape(w.shape[0], -1)
+    return y.reshape(*lead, *out)
+
+
 def _rms_norm(x: Array, weight: Array, eps: float) -> Array:
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
@@ -93,33 +114,35 @@ class Decoder(nnx.Module):
     def _qkv(self, p, x_BTE, cos, sin):
         cfg, dt = self.cfg, self.cfg.jnp_dtype
         h = _rms_norm(x_BTE, p["attn_norm"], cfg.rms_norm_eps).astype(dt)
-        q = jnp.einsum("bte,ehd->bthd", h, p["wq"].astype(dt))
-        k = jnp.einsum("bte,ekd->btkd", h, p["wk"].astype(dt))
-        v = jnp.einsum("bte,ekd->btkd", h, p["wv"].astype(dt))
+        q, k, v = (_linear(h, p[name].astype(dt)) for name in ("wq", "wk", "wv"))
         if cfg.qkv_bias:
             q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
         return rope.apply_rotary(q, cos, sin), rope.apply_rotary(k, cos, sin), v
 
-    def _attend(self, q_BTHD, k_BKUD, v_BKUD, mask_BTU) -> Array:
-        """Grouped-query attention; keys/values head-major ([B, K, U, D], the cache layout)."""
+    def _attend(self, q_BTHD, k_BKUD, v_BKUD, bias_B11TU) -> Array:
+        """Grouped-query attention; keys/values head-major ([B, K, U, D], the cache layout).
+
+        `bias_B11TU` is `mask_bias(mask)[:, None, None]`: an added bias, not a select, so the
+        backward pass needs no mask-shaped residual per layer (a select's transpose stores one).
+        """
         cfg = self.cfg
         b, t, _, d = q_BTHD.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q_BTHD.reshape(b, t, cfg.num_kv_heads, g, d)
         scores = jnp.einsum("btkgd,bkud->bkgtu", q, k_BKUD, preferred_element_type=jnp.float32)
-        scores = scores * (d**-0.5)
-        scores = jnp.where(mask_BTU[:, None, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_BKUD.dtype)
+        probs = jax.nn.softmax(scores * (d**-0.5) + bias_B11TU, axis=-1).astype(v_BKUD.dtype)
         out = jnp.einsum("bkgtu,bkud->btkgd", probs, v_BKUD)
         return out.reshape(b, t, cfg.num_heads, d)
 
     def _finish(self, p, x_BTE, o_BTHD) -> Array:
         cfg, dt = self.cfg, self.cfg.jnp_dtype
-        x = x_BTE + jnp.einsum("bthd,hde->bte", o_BTHD, p["wo"].astype(dt)).astype(x_BTE.dtype)
+        b, t, heads, d = o_BTHD.shape
+        wo = p["wo"].astype(dt).reshape(heads * d, -1)
+        x = x_BTE + _linear(o_BTHD.reshape(b, t, heads * d), wo).astype(x_BTE.dtype)
         h = _rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps).astype(dt)
-        gate = jnp.einsum("bte,ef->btf", h, p["w_gate"].astype(dt))
-        up = jnp.einsum("bte,ef->btf", h, p["w_up"].astype(dt))
-        mlp = jnp.einsum("btf,fe->bte", jax.nn.silu(gate) * up, p["w_down"].astype(dt))
+        gate = _linear(h, p["w_gate"].astype(dt))
+        up = _linear(h, p["w_up"].astype(dt))
+        mlp = _linear(jax.nn.silu(gate) * up, p["w_down"].astype(dt))
         return x + mlp.astype(x.dtype)
 
     def _embed(self, tokens: Int[Array, "B T"]) -> Array:
@@ -153,7 +176,8 @@ class Decoder(nnx.Module):
         if isinstance(mask, BlockMask):
             attend = lambda q, k, v: block_sparse_attention(q, k, v, mask)  # noqa: E731
         else:
-            attend = lambda q, k, v: self._attend(q, k, v, mask)  # noqa: E731
+            bias = mask_bias(mask)[:, None, None]  # once, not per layer
+            attend = lambda q, k, v: self._attend(q, k, v, bias)  # noqa: E731
 
         def layer(x, p):
             q, k, v = self._qkv(p, x, cos, sin)
@@ -204,7 +228,8 @@ class Decoder(nnx.Module):
         # Writes past the chunk (or of padding rows) go out of range and are dropped.
         write_pos = jnp.where(valid, positions, cache.max_len)
         slot_idx = jnp.broadcast_to(slots[:, None], (b, c))
-        mask = jnp.arange(u)[None, None, :] <= positions[:, :, None]  # [B, C, U]
+        sees = jnp.arange(u)[None, None, :] <= positions[:, :, None]  # [B, C, U]
+        bias = mask_bias(sees)[:, None, None]
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
 
         def layer(carry, xs):
@@ -218,7 +243,7 @@ class Decoder(nnx.Module):
             values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :, :u]
             if not rows_are_slots:  # gather only the rows' slots (a batch smaller than the pool)
                 keys, values = keys[slots], values[slots]
-            o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
+            o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), bias)
             return (self._finish(p, x, o), ck, cv), None
 
         xs = (self._layer_params(), jnp.arange(self.cfg.num_layers))

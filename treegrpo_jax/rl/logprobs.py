@@ -16,6 +16,8 @@ same for depth-first packed trees, where a token's prefix is its path, not the r
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -23,20 +25,75 @@ from jaxtyping import Array, Bool, Float, Int
 from treegrpo_jax.model.block_attention import BlockMask
 from treegrpo_jax.model.decoder import Decoder, causal_mask
 
+# Logits above this many bytes per call are computed chunk by chunk (`chunk=None`).
+_HEAD_BYTES = 256 * 2**20
+
+
+def auto_chunk(b: int, t: int, vocab: int) -> int:
+    """Positions per LM-head chunk so that one `[b, chunk, vocab]` f32 logits block fits `_HEAD_BYTES`
+    (the whole sequence when it fits: a small vocabulary never pays for chunking)."""
+    return max(1, min(t, _HEAD_BYTES // max(1, b * vocab * 4)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _head_logp(h_NE, w, targets_N, tied: bool, dtype) -> tuple[Array, Array]:
+    return _head_fwd(h_NE, w, targets_N, tied, dtype)[0]
+
+
+def _head_logits(h_NE, w, tied, dtype):
+    h, w = h_NE.astype(dtype), w.astype(dtype)
+    dims = ((1,), (1,)) if tied else ((1,), (0,))  # tied: w is the [V, E] embedding
+    return jax.lax.dot_general(h, w, (dims, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _head_fwd(h_NE, w, targets_N, tied, dtype):
+    logp_all = jax.nn.log_softmax(_head_logits(h_NE, w, tied, dtype), axis=-1)
+    logp = jnp.take_along_axis(logp_all, targets_N[:, None], axis=-1)[:, 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)  # H = −Σ p log p
+    return (logp, entropy), (h_NE, w, targets_N, logp_all, entropy)
+
+
+def _head_bwd(tied, dtype, res, g):
+    # Written out rather than differentiated: XLA:CPU lowers the automatic backward of
+    # log_softmax + the tied head through a transposed copy of the [N, V] gradient that
+    # costs more than the head's matmuls. Here the big [N, V] operand is never transposed.
+    h_NE, w, targets_N, logp_all, entropy = res
+    g_logp, g_entropy = g
+    p = jnp.exp(logp_all)
+    onehot = jax.nn.one_hot(targets_N, logp_all.shape[-1], dtype=jnp.float32)
+    # d logp_t / d z = onehot − p;  d H / d z = −p (log p + H)
+    d_logits = g_logp[:, None] * (onehot - p) - g_entropy[:, None] * p * (logp_all + entropy[:, None])
+    d_logits = d_logits.astype(dtype)
+    wd = w.astype(dtype)
+    f32 = jnp.float32
+    if tied:  # w [V, E]
+        d_h = jnp.matmul(d_logits, wd, preferred_element_type=f32)
+        d_w = jnp.matmul(h_NE.astype(dtype).T, d_logits, preferred_element_type=f32).T
+    else:  # w [E, V]
+        d_h = jax.lax.dot_general(d_logits, wd, (((1,), (1,)), ((), ())), preferred_element_type=f32)
+        d_w = jnp.matmul(h_NE.astype(dtype).T, d_logits, preferred_element_type=f32)
+    return d_h.astype(h_NE.dtype), d_w.astype(w.dtype), None
+
+
+_head_logp.defvjp(_head_fwd, _head_bwd)
+
 
 def _head(model: Decoder, h_BCE: Array, targets_BC: Array) -> tuple[Array, Array]:
-    logits = model.logits(h_BCE)  # f32 [B, C, V]
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_all, targets_BC[..., None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)  # H = −Σ p log p
-    return logp, entropy
+    b, c, e = h_BCE.shape
+    tied = model.cfg.tie_embeddings
+    w = model.embed[...] if tied else model.lm_head[...]
+    h_NE, targets_N = h_BCE.reshape(b * c, e), targets_BC.reshape(b * c)
+    logp, entropy = _head_logp(h_NE, w, targets_N, tied, model.cfg.jnp_dtype)
+    return logp.reshape(b, c), entropy.reshape(b, c)
 
 
 def _chunked_head(
-    model: Decoder, h_BTE: Array, targets_BT: Array, chunk: int
+    model: Decoder, h_BTE: Array, targets_BT: Array, chunk: int | None
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """(logp of targets, entropy) from the hidden states that predict them, chunk by chunk over T."""
     b, t = targets_BT.shape
+    if chunk is None:
+        chunk = auto_chunk(b, t, model.cfg.vocab_size)
     if chunk >= t:
         return _head(model, h_BTE, targets_BT)
     n = -(-t // chunk)
@@ -57,7 +114,7 @@ def token_logprobs(
     positions: Int[Array, "B T"],
     valid: Bool[Array, "B T"],
     *,
-    chunk: int = 256,
+    chunk: int | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """Log-prob of every token given its prefix, and the entropy of the predicting distribution.
 
@@ -66,7 +123,8 @@ def token_logprobs(
       tokens: left-aligned rows.
       positions: RoPE positions.
       valid: real tokens (padding keys are hidden from attention).
-      chunk: sequence positions per LM-head chunk (C); ≥ T disables chunking.
+      chunk: sequence positions per LM-head chunk (C); ≥ T disables chunking; None: the whole
+        sequence when its logits fit 256 MiB (`auto_chunk`).
 
     Returns:
       (logp, entropy), both f32 [B, T], token-aligned (column 0 is 0).
@@ -129,7 +187,7 @@ def tree_token_logprobs(
     prev: Int[Array, "B T"],
     *,
     key_blocks: Int[Array, "B NQ J"] | None = None,
-    chunk: int = 256,
+    chunk: int | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """`token_logprobs` for depth-first packed trees (`rl.packed`).
 
@@ -145,7 +203,7 @@ def tree_token_logprobs(
       prev: row index of the token's predecessor on its path; -1 for a tree's first token and padding.
       key_blocks: the key blocks each query block needs (`packed.key_blocks`): block-sparse
         attention (`tree_block_mask`); None: the dense `tree_mask`.
-      chunk: target positions per LM-head chunk; ≥ T disables chunking.
+      chunk: target positions per LM-head chunk; ≥ T disables chunking; None: `auto_chunk`.
 
     Returns:
       (logp, entropy), both f32 [B, T]; 0 where prev < 0.

@@ -46,20 +46,22 @@ def _select(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def _logp(graphdef, params, mb: StepRows, chunk: int):
+def _logp(graphdef, params, mb: StepRows, chunk: int | None):
     model = nnx.merge(graphdef, params)
     layout = (mb.positions, mb.segment, mb.span_end, mb.prev)
     return tree_token_logprobs(model, mb.tokens, *layout, key_blocks=mb.key_blocks, chunk=chunk)
 
 
-def _forward_all(graphdef, params, rows: StepRows, chunk: int) -> jax.Array:
+def _forward_all(graphdef, params, rows: StepRows, chunk: int | None) -> jax.Array:
     """Log-probs of `[k, n_micro, b, T]` rows, one micro-batch at a time (bounded memory)."""
     micro = rows.reshape_rows(-1, rows.tokens.shape[-2])
     logp = jax.lax.map(lambda mb: _logp(graphdef, params, mb, chunk)[0], micro)
     return jax.lax.stop_gradient(logp.reshape(rows.tokens.shape))
 
 
-def _micro_loss(params, mb: StepRows, old, ref, is_first, counts, *, graphdef, cfg: LossConfig, chunk: int):
+def _micro_loss(
+    params, mb: StepRows, old, ref, is_first, counts, *, graphdef, cfg: LossConfig, chunk: int | None
+):
     logp, entropy = _logp(graphdef, params, mb, chunk)
     num_tokens, num_rows = counts
     if cfg.mode == LossMode.RL:
@@ -79,7 +81,7 @@ def train_step(
     *,
     loss_cfg: LossConfig,
     optim_cfg: OptimConfig,
-    logprob_chunk: int = 256,
+    logprob_chunk: int | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One RL step over all its rows (pure; see `jit_train_step`).
 
@@ -90,7 +92,7 @@ def train_step(
       ref_params: frozen reference params (needed when `loss_cfg.uses_reference`, else None).
       loss_cfg: loss configuration (mode, estimator, clips, coefficients, aggregation).
       optim_cfg: optimizer configuration.
-      logprob_chunk: sequence chunk of the LM head (see `logprobs.token_logprobs`).
+      logprob_chunk: sequence chunk of the LM head (see `logprobs.token_logprobs`; None: automatic).
 
     Returns:
       (new state, metrics).
@@ -185,7 +187,7 @@ def jit_train_step(
     optim_cfg: OptimConfig,
     mesh: Mesh | None = None,
     rules: Rules = DEFAULT_RULES,
-    logprob_chunk: int = 256,
+    logprob_chunk: int | None = None,
     layout_kind: LayoutKind | str = LayoutKind.PATHS,
 ):
     """`train_step` jitted with donated state and explicit shardings.
@@ -199,7 +201,7 @@ def jit_train_step(
       optim_cfg: optimizer configuration.
       mesh: the device mesh (None: one device, no explicit shardings).
       rules: logical-axis rules (rows go over the `batch` rule).
-      logprob_chunk: sequence chunk of the LM head.
+      logprob_chunk: sequence chunk of the LM head (None: automatic).
       layout_kind: the batches' layout ("paths" or "packed"; `BatchLayout.kind`): sets the
         batch's in_shardings on a mesh (without a mesh either batch works).
     """
