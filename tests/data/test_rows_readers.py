@@ -44,6 +44,7 @@ def test_to_json_dict_round_trips_through_parse_row():
         hops=2,
         gold_queries=("Faust", "Goethe"),
         gold_entities=("Goethe", "1749"),
+        gold_relations=("author", "birth_year"),
     )
     back = parse_row(
         json.loads(json.dumps(row.to_json_dict())), file="f", row_number=1, default_data_source="d"

@@ -107,6 +107,14 @@ def test_gold_paths_follow_relations_and_count_hops(world):
         assert len(row.gold_queries) == len(row.gold_entities) == row.hops
         assert row.gold_entities[-1] == row.golden_answers[0]
         assert row.gold_queries[1:] == row.gold_entities[:-1]  # each bridge is the next query
+        assert len(row.gold_relations) == row.hops
+        for j, relation in enumerate(row.gold_relations[:-1]):  # each bridge is that relation's target
+            here = world.entity_by_name(row.gold_queries[j])
+            assert world.entities[here.relations[relation]].name == row.gold_queries[j + 1]
+        last = world.entity_by_name(row.gold_queries[-1])
+        relation = row.gold_relations[-1]
+        gold = world.entities[last.relations[relation]].name if relation in last.relations else None
+        assert (gold or last.attributes[relation]) == row.golden_answers[0]
         start = world.entity_by_name(row.gold_queries[0])
         assert start.name in row.question or start.mention in row.question
         for query, found in zip(row.gold_queries, row.gold_entities, strict=True):

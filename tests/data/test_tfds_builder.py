@@ -30,6 +30,7 @@ TRAIN = [
         hops=2,
         gold_queries=("Vorn Guild", "Ama Tessi"),
         gold_entities=("Ama Tessi", "Kelth"),
+        gold_relations=("founder", "born_in"),
     ),
     QARow(id="t2", question="日本の首都は?", golden_answers=("東京",), data_source="mine"),
 ]
@@ -56,7 +57,7 @@ def test_round_trip_is_exact_and_keeps_file_order(tmp_path):
     assert set(sources) == {"train", "test"}
     assert tuple(QARowSource(sources["train"])) == tuple(TRAIN)
     assert tuple(QARowSource(sources["test"])) == read_rows(test).rows
-    assert list((tmp_path / "tfds" / "qa_dataset" / "mine" / "1.0.0").glob("*.array_record*"))
+    assert list((tmp_path / "tfds" / "qa_dataset" / "mine" / "1.1.0").glob("*.array_record*"))
 
     rows = QARowSource(sources["test"])
     assert rows[-1].id == "e4"

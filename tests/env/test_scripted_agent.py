@@ -8,6 +8,7 @@ import math
 import pytest
 
 from treegrpo_jax.data import WorldConfig, build_world
+from treegrpo_jax.env import scripted_agent
 from treegrpo_jax.env.actions import ActionKind, Answer, Search, parse_action
 from treegrpo_jax.env.bm25 import BM25Retriever
 from treegrpo_jax.env.prompt import PromptConfig
@@ -126,6 +127,32 @@ def test_wrong_answer_stops_early(rows_by_hops, retriever, tokenizer):
         j = len(demo.steps) - 2  # Index of the last search.
         assert 0 <= j < row.hops - 1
         assert demo.answer == row.gold_entities[j]
+
+
+def _think(step):
+    return step.generated.split("<think> ")[1].split(" </think>")[0]
+
+
+def test_thinks_name_the_relation_each_passage_must_give(rows_by_hops, retriever, tokenizer):
+    # The step that reads a passage sits next to words saying which fact to take from it.
+    for hops in (1, 2, 3):
+        rows = rows_by_hops[hops]
+        for row, demo in zip(rows, _make(rows, retriever, tokenizer, **PERFECT), strict=True):
+            nouns = [scripted_agent._RELATION_NOUNS[r] for r in row.gold_relations]
+            q, found = row.gold_queries, row.gold_entities
+            fact = [f"{n[0].upper()}{n[1:]} of {q[i]} is {found[i]}." for i, n in enumerate(nouns)]
+            assert f"{nouns[0]} of {q[0]}." in _think(demo.steps[0])
+            for i in range(1, hops):
+                said = _think(demo.steps[i])
+                assert said.startswith(fact[i - 1]) and said.endswith(f"{nouns[i]} of {q[i]}.")
+            assert _think(demo.steps[-1]) == fact[-1]
+
+
+def test_rows_without_relations_get_generic_thinks(rows_by_hops, retriever, tokenizer):
+    rows = [dataclasses.replace(r, gold_relations=()) for r in rows_by_hops[2]]
+    for row, demo in zip(rows, _make(rows, retriever, tokenizer, **PERFECT), strict=True):
+        assert not any(noun in demo.transcript() for noun in ("Now I need", "First I need", "I need the"))
+        assert demo.correct and demo.answer == row.golden_answers[0]
 
 
 def test_tool_limit_forces_an_answer(rows_by_hops, retriever, tokenizer):

@@ -57,7 +57,7 @@ def _check_fields(row: QARow) -> str | None:
     # bool is an int subclass; a JSON `true` is never a hop count.
     if row.hops is not None and (not isinstance(row.hops, int) or isinstance(row.hops, bool) or row.hops < 1):
         return f"hops must be a positive int, got {row.hops!r}"
-    for name in ("gold_queries", "gold_entities"):
+    for name in ("gold_queries", "gold_entities", "gold_relations"):
         reason = _check_str_tuple(name, getattr(row, name), allow_empty=True)
         if reason:
             return reason
@@ -77,6 +77,8 @@ class QARow:
         gold_queries: the entity name to search at each hop (length `hops` when present).
         gold_entities: what each hop's passage yields: the bridging entity for hops before the last,
             the answer for the last hop (length `hops` when present).
+        gold_relations: what each hop asks of its query: a relation or attribute name of the synthetic
+            world (e.g. "author", "born_in", "birth_year"; length `hops` when present).
     """
 
     id: str
@@ -86,6 +88,7 @@ class QARow:
     hops: int | None = None
     gold_queries: tuple[str, ...] = ()
     gold_entities: tuple[str, ...] = ()
+    gold_relations: tuple[str, ...] = ()
 
     def __post_init__(self):
         reason = _check_fields(self)
@@ -106,6 +109,8 @@ class QARow:
             out["gold_queries"] = list(self.gold_queries)
         if self.gold_entities:
             out["gold_entities"] = list(self.gold_entities)
+        if self.gold_relations:
+            out["gold_relations"] = list(self.gold_relations)
         return out
 
 
@@ -168,8 +173,8 @@ def parse_row(
 
     Accepted layout: `question` (str), `golden_answers` (list of str, or a single str) or Search-R1's
     `reward_model.ground_truth.target`, optional `data_source` (str), optional `id` (str or int),
-    optional `hops`, `gold_queries`, `gold_entities`. Other keys are ignored. Surrounding white space
-    is stripped from the question and the answers.
+    optional `hops`, `gold_queries`, `gold_entities`, `gold_relations`. Other keys are ignored.
+    Surrounding white space is stripped from the question and the answers.
 
     Args:
         record: the raw record.
@@ -215,7 +220,7 @@ def parse_row(
     extras: dict[str, Any] = {}
     if record.get("hops") is not None:
         extras["hops"] = record["hops"]
-    for name in ("gold_queries", "gold_entities"):
+    for name in ("gold_queries", "gold_entities", "gold_relations"):
         if record.get(name) is not None:
             values = _as_str_tuple(name, record[name], single_str_ok=False)
             if isinstance(values, str):

@@ -10,7 +10,8 @@ files.
 `write_world(cfg, out_dir)` writes
     corpus.jsonl  {"id", "contents"}        contents = name on the first line, then the text
     train.jsonl   {"id", "question", "golden_answers", "data_source", "hops", "gold_queries",
-    test.jsonl     "gold_entities"}        data_source = "synthetic_<k>hop"
+    test.jsonl     "gold_entities",        data_source = "synthetic_<k>hop"
+                   "gold_relations"}
 
 Command line:
     python -m treegrpo_jax.data.synthetic_world --out=DIR --seed=S [--num_people=N ...]
@@ -105,6 +106,7 @@ def build_world(cfg: WorldConfig) -> World:
                 hops=c.hops,
                 gold_queries=c.gold_queries,
                 gold_entities=c.gold_entities,
+                gold_relations=tuple(str(r) for r in c.path[1:]),
             )
             for i, c in enumerate(chains)
         )

@@ -77,8 +77,11 @@ def _source_fingerprint(config: QADatasetConfig) -> dict[str, str]:
 class QADataset(tfds.core.GeneratorBasedBuilder):
     """QA rows from local files; see `QADatasetConfig`. Examples keep file order (no TFDS shuffle)."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "QA rows with optional gold search path."}
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {
+        "1.0.0": "QA rows with optional gold search path.",
+        "1.1.0": "Optional gold relation per hop.",
+    }
 
     # TFDS finds a packaged builder's source file (to look for download checksums next to it)
     # through a check that imports the `importlib_resources` backport, which TFDS does not install.
@@ -99,6 +102,7 @@ class QADataset(tfds.core.GeneratorBasedBuilder):
                 "hops": np.int32,
                 "gold_queries": tfds.features.Sequence(tfds.features.Text()),
                 "gold_entities": tfds.features.Sequence(tfds.features.Text()),
+                "gold_relations": tfds.features.Sequence(tfds.features.Text()),
             }
         )
         # `dataset_info_from_configs` would look for metadata files next to this module; build the
@@ -136,6 +140,7 @@ class QADataset(tfds.core.GeneratorBasedBuilder):
                     "hops": row.hops or 0,
                     "gold_queries": list(row.gold_queries),
                     "gold_entities": list(row.gold_entities),
+                    "gold_relations": list(row.gold_relations),
                 },
             )
 
@@ -175,6 +180,7 @@ class QARowSource(Sequence[QARow]):
             hops=hops if hops > 0 else None,
             gold_queries=_texts(example["gold_queries"]),
             gold_entities=_texts(example["gold_entities"]),
+            gold_relations=_texts(example["gold_relations"]) if "gold_relations" in example else (),
         )
 
 
@@ -188,7 +194,7 @@ def prepare_qa_dataset(
     """Builds (or reuses) the array_record copy of local QA files.
 
     Args:
-        name: config name; the copy lives under `data_dir/qa_dataset/<name>/1.0.0`.
+        name: config name; the copy lives under `data_dir/qa_dataset/<name>/1.1.0`.
         split_files: split name -> files (.jsonl / .parquet).
         data_dir: TFDS data directory.
         skip_bad_rows: skip and count bad rows instead of failing.

@@ -76,6 +76,29 @@ if TYPE_CHECKING:  # env/ does not import data/ at run time; rows are only read.
 
 # A few phrasings per situation: enough variety that the model learns the pattern, not one string.
 _FIRST = ("I need to look up {q} first.", "The question starts from {q}. Let me search for it.")
+# With the row's relation per hop (synthetic world), each think names what the next passage must
+# give: the step that reads a passage then sits next to the words that say which fact to take.
+_FIRST_REL = ("I need {r} of {q}.", "First I need {r} of {q}.")
+_NEXT_REL = ("{R} of {p} is {found}. Now I need {r} of {q}.",)
+_FINAL_REL = ("{R} of {q} is {a}.",)
+# The noun phrase of each synthetic-world relation or attribute (`QARow.gold_relations`).
+_RELATION_NOUNS = {
+    "born_in": "the birthplace",
+    "member_of": "the organisation",
+    "founder": "the founder",
+    "based_in": "the home city",
+    "author": "the author",
+    "publisher": "the publisher",
+    "country": "the country",
+    "capital": "the capital",
+    "birth_year": "the birth year",
+    "occupation": "the occupation",
+    "founding_year": "the founding year",
+    "genre": "the genre",
+    "publication_year": "the publication year",
+    "city_founding_year": "the founding year",
+    "established_year": "the founding year",
+}
 _NEXT = ("The passage names {found}. Next I look up {q}.", "That leads to {found}. Now search for {q}.")
 _FINAL = ("The passage gives the answer: {a}.", "So the answer is {a}.")
 _RETRY = ("I misspelled that name. Search for {q} again.", "That query had a typo. Let me search {q}.")
@@ -270,19 +293,38 @@ def _plan(
 ) -> list[_Planned]:
     """The steps of one demonstration (the last answers); observations come later."""
     queries, found, gold = row.gold_queries, row.gold_entities, row.golden_answers[0]
+    nouns = _relation_nouns(row)
+
+    def first(i: int) -> str:
+        if nouns is None:
+            return rng.choice(_FIRST).format(q=queries[i])
+        return rng.choice(_FIRST_REL).format(r=nouns[i], q=queries[i])
+
+    def bridge(i: int) -> str:  # the think before searching hop i > 0
+        if nouns is None:
+            return rng.choice(_NEXT).format(found=found[i - 1], q=queries[i])
+        r_prev = nouns[i - 1]
+        return rng.choice(_NEXT_REL).format(
+            R=r_prev[0].upper() + r_prev[1:], p=queries[i - 1], found=found[i - 1], r=nouns[i], q=queries[i]
+        )
+
+    def final(i: int, a: str) -> str:  # the answer step after reading hop i's passage
+        if nouns is None:
+            return rng.choice(_FINAL).format(a=a)
+        r = nouns[i]
+        return rng.choice(_FINAL_REL).format(R=r[0].upper() + r[1:], q=queries[i], a=a)
+
     searches = []
     for i, (q, f) in enumerate(zip(queries, found, strict=True)):
-        think = (
-            rng.choice(_FIRST).format(q=q) if i == 0 else rng.choice(_NEXT).format(found=found[i - 1], q=q)
-        )
+        think = first(i) if i == 0 else bridge(i)
         searches.append(_Planned(think=think, action=ActionKind.SEARCH, content=q, found=f))
-    answer, think = gold, rng.choice(_FINAL).format(a=gold)
+    answer, think = gold, final(len(queries) - 1, gold)
     if mistake is Mistake.WRONG_ANSWER:
         j = rng.randrange(len(queries) - 1) if len(queries) > 1 else 0
         searches = searches[: j + 1]
         # 1 hop: no bridging entity to stop at, so the agent mistakes the subject for the answer.
         answer = found[j] if len(queries) > 1 else queries[0]
-        think = rng.choice(_FINAL).format(a=answer)
+        think = final(j, answer) if len(queries) > 1 else rng.choice(_FINAL).format(a=answer)
     elif mistake is Mistake.MISSPELLED_QUERY:
         i = rng.randrange(len(queries))
         typo = dataclasses.replace(searches[i], content=_misspell(queries[i], rng), found=None)
@@ -304,6 +346,14 @@ def _plan(
         k = rng.randrange(len(steps))
         steps[k] = dataclasses.replace(steps[k], think=None)
     return steps
+
+
+def _relation_nouns(row: QARow) -> tuple[str, ...] | None:
+    """The noun phrase of each hop's relation, or None when the row does not name them all."""
+    relations = getattr(row, "gold_relations", ())
+    if len(relations) != len(row.gold_queries) or any(r not in _RELATION_NOUNS for r in relations):
+        return None
+    return tuple(_RELATION_NOUNS[r] for r in relations)
 
 
 def _check_row(row: QARow) -> None:
