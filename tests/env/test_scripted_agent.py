@@ -134,14 +134,16 @@ def _think(step):
 
 
 def test_thinks_name_the_relation_each_passage_must_give(rows_by_hops, retriever, tokenizer):
-    # The step that reads a passage sits next to words saying which fact to take from it.
+    # The first think is the plan; the step that reads a passage sits next to words saying which
+    # fact to take from it.
     for hops in (1, 2, 3):
         rows = rows_by_hops[hops]
         for row, demo in zip(rows, _make(rows, retriever, tokenizer, **PERFECT), strict=True):
             nouns = [scripted_agent._RELATION_NOUNS[r] for r in row.gold_relations]
             q, found = row.gold_queries, row.gold_entities
             fact = [f"{n[0].upper()}{n[1:]} of {q[i]} is {found[i]}." for i, n in enumerate(nouns)]
-            assert f"{nouns[0]} of {q[0]}." in _think(demo.steps[0])
+            plan = f"{nouns[0]} of {q[0]}" + "".join(f", then {n}" for n in nouns[1:]) + "."
+            assert _think(demo.steps[0]).endswith(plan)
             for i in range(1, hops):
                 said = _think(demo.steps[i])
                 assert said.startswith(fact[i - 1]) and said.endswith(f"{nouns[i]} of {q[i]}.")

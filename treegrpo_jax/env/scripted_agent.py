@@ -76,9 +76,12 @@ if TYPE_CHECKING:  # env/ does not import data/ at run time; rows are only read.
 
 # A few phrasings per situation: enough variety that the model learns the pattern, not one string.
 _FIRST = ("I need to look up {q} first.", "The question starts from {q}. Let me search for it.")
-# With the row's relation per hop (synthetic world), each think names what the next passage must
-# give: the step that reads a passage then sits next to the words that say which fact to take.
-_FIRST_REL = ("I need {r} of {q}.", "First I need {r} of {q}.")
+# With the row's relation per hop (synthetic world), the first think lays out the plan, innermost
+# relation first ("I need the author of X, then the birthplace, then the country."), and each later
+# think names what the next passage must give. The step that reads a passage then sits next to the
+# words saying which fact to take, and whether to stop is a look-up in the plan (is the relation just
+# resolved followed by ", then ..."?) instead of a fresh parse of the nested question.
+_FIRST_REL = ("I need {r} of {q}{rest}.", "First I need {r} of {q}{rest}.")
 _NEXT_REL = ("{R} of {p} is {found}. Now I need {r} of {q}.",)
 _FINAL_REL = ("{R} of {q} is {a}.",)
 # The noun phrase of each synthetic-world relation or attribute (`QARow.gold_relations`).
@@ -298,7 +301,8 @@ def _plan(
     def first(i: int) -> str:
         if nouns is None:
             return rng.choice(_FIRST).format(q=queries[i])
-        return rng.choice(_FIRST_REL).format(r=nouns[i], q=queries[i])
+        rest = "".join(f", then {noun}" for noun in nouns[i + 1 :])
+        return rng.choice(_FIRST_REL).format(r=nouns[i], q=queries[i], rest=rest)
 
     def bridge(i: int) -> str:  # the think before searching hop i > 0
         if nouns is None:

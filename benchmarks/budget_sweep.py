@@ -1,0 +1,274 @@
+"""Budget sweep and advantage ablation on the synthetic world (issue 9; the paper's budget table).
+
+Every run starts from ONE cold-start checkpoint (the `:tiny` SFT, trained once into
+`OUT/cold_start`) and trains with the same prompts per step and the same number of optimizer
+steps; only the rollout shape (chain budget or tree (M, N, L)), the advantage estimator and the
+seed change. Each finished run writes `OUT/runs/<name>/result.json` and is skipped when the
+sweep is re-run (resumable; a run killed midway resumes from its own checkpoints).
+
+    python benchmarks/budget_sweep.py --out=DIR [--seeds=3] [--steps=10] [--prompts_per_step=8]
+        [--eval_prompts=320] [--runs=chain_2,tree_2_2_1,...] [--report_only]
+
+Outputs: `OUT/results.json` (one record per run: config, seed, final test EM overall and by hop
+count, tool calls per question, the training reward curve, rollout tokens decoded / prefilled,
+tool calls, wall time), `OUT/summary.md` (mean ± sd over seeds, laid out like the paper's budget
+table) and `OUT/em_vs_cost.png` (final EM against decoded tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+
+# name -> (config variant of configs/multihop.py, budget label)
+RUNS: dict[str, tuple[str, str]] = {
+    "chain_2": ("tree_m=2,tree_n=0,tree_l=0", "2"),
+    "chain_4": ("tree_m=4,tree_n=0,tree_l=0", "4"),
+    "chain_8": ("tree_m=8,tree_n=0,tree_l=0", "8"),
+    "chain_16": ("tree_m=16,tree_n=0,tree_l=0", "16"),
+    "tree_1_2_1": ("tree_m=1,tree_n=2,tree_l=1", "≈2 (3 leaves)"),
+    "tree_2_2_1": ("tree_m=2,tree_n=2,tree_l=1", "≈4 (6 leaves)"),
+    "tree_4_2_1": ("tree_m=4,tree_n=2,tree_l=1", "≈8 (12 leaves)"),
+    "tree_2_6_1": ("tree_m=2,tree_n=6,tree_l=1", "≈8 (14 leaves)"),
+    "tree_4_5_1": ("tree_m=4,tree_n=5,tree_l=1", "≈16 (24 leaves)"),
+    "tree_2_2_1_intra": ("tree_m=2,tree_n=2,tree_l=1,estimator=intra", "≈4, intra only"),
+    "tree_2_2_1_inter": ("tree_m=2,tree_n=2,tree_l=1,estimator=inter", "≈4, inter only"),
+}
+_HOPS = (1, 2, 3, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    out: str
+    seeds: int = 3
+    steps: int = 10
+    prompts_per_step: int = 8
+    eval_prompts: int = 320
+    runs: tuple[str, ...] = tuple(RUNS)
+
+
+def base_config(variant: str):
+    """The ConfigDict of one run before the sweep's settings (tests swap in a toy one)."""
+    import multihop
+
+    return multihop.get_config(f"tiny,{variant}" if variant else "tiny")
+
+
+def _config(variant: str, sc: SweepConfig, seed: int, steps: int):
+    from treegrpo_jax.train.config import from_config_dict
+
+    c = base_config(variant)
+    c.run.update(
+        seed=seed,
+        steps=steps,
+        prompts_per_step=sc.prompts_per_step,
+        eval_every=steps,
+        checkpoint_every=max(1, steps // 2),
+        keep_checkpoints=2,
+        render_trees=0,
+        tensorboard=False,
+    )
+    c.data.eval_prompts = sc.eval_prompts
+    return from_config_dict(c)
+
+
+def cold_start(sc: SweepConfig) -> str:
+    """Trains the shared cold start once (the :tiny SFT + its step-0 evaluation); returns its dir."""
+    from treegrpo_jax.train.loop import train_and_evaluate
+
+    wd = os.path.join(sc.out, "cold_start")
+    if not os.path.exists(os.path.join(wd, "checkpoints", "0")):
+        # One RL step is the smallest run the loop accepts; only checkpoint 0 is reused.
+        train_and_evaluate(_config("", sc, seed=0, steps=1), wd)
+    return wd
+
+
+def _seed_workdir(cold: str, wd: str) -> None:
+    """A run's workdir holding the cold start's step-0 state only (the loop resumes from it)."""
+    if os.path.exists(os.path.join(wd, "checkpoints")):
+        return  # started before: resume from its own checkpoints
+    os.makedirs(os.path.join(wd, "checkpoints"), exist_ok=True)
+    for name in ("world", "tokenizer"):
+        shutil.copytree(os.path.join(cold, name), os.path.join(wd, name), dirs_exist_ok=True)
+    shutil.copy(os.path.join(cold, "model_config.json"), wd)
+    with open(os.path.join(cold, "metrics.jsonl")) as f:
+        step0 = [line for line in f if json.loads(line)["step"] == 0]
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.writelines(step0)
+    shutil.copytree(os.path.join(cold, "checkpoints", "0"), os.path.join(wd, "checkpoints", "0"))
+
+
+def _read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _record(name: str, seed: int, variant: str, wd: str, wall: float) -> dict:
+    with open(os.path.join(wd, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    train = [r for r in rows if "train/reward_mean" in r]
+    evals = [r for r in rows if "eval/em" in r]
+    final, start = evals[-1], evals[0]
+    total = lambda key: float(sum(r.get(key, 0.0) for r in train))  # noqa: E731
+    return {
+        "name": name,
+        "variant": variant,
+        "seed": seed,
+        "budget": RUNS[name][1],
+        "steps": len(train),
+        "em": final["eval/em"],
+        "em_by_hops": {str(h): final.get(f"eval/em/synthetic_{h}hop") for h in _HOPS},
+        "em_cold_start": start["eval/em"],
+        "tool_calls_per_question": final.get("eval/tool_calls_mean"),
+        "reward_curve": [r["train/reward_mean"] for r in train],
+        "train_em_curve": [r["train/em_mean"] for r in train],
+        "decoded_tokens": total("rollout/decoded_tokens"),
+        "prefilled_tokens": total("rollout/prefilled_tokens"),
+        "reprefill_tokens": total("rollout/reprefill_tokens"),
+        "tool_calls": total("rollout/tool_calls"),
+        "leaves": total("rollout/leaves"),
+        "train_wall_s": total("time/step_s"),
+        "wall_s": wall,
+    }
+
+
+def run_one(sc: SweepConfig, cold: str, name: str, seed: int) -> dict:
+    from treegrpo_jax.train.loop import train_and_evaluate
+
+    wd = os.path.join(sc.out, "runs", f"{name}_s{seed}")
+    done = os.path.join(wd, "result.json")
+    if os.path.exists(done):
+        return _read_json(done)
+    variant = RUNS[name][0]
+    _seed_workdir(cold, wd)
+    t0 = time.perf_counter()
+    train_and_evaluate(_config(variant, sc, seed=seed, steps=sc.steps), wd)
+    record = _record(name, seed, variant, wd, time.perf_counter() - t0)
+    with open(done + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(done + ".tmp", done)
+    return record
+
+
+def _mean_sd(xs: list[float]) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "–"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{100 * statistics.mean(xs):.1f} ± {100 * sd:.1f}"
+
+
+def summarize(records: list[dict], sc: SweepConfig) -> str:
+    """A markdown table, one row per run name, mean ± sd over seeds."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r["name"], []).append(r)
+    cold = records[0]["em_cold_start"] if records else float("nan")
+    lines = [
+        f"{sc.steps} RL steps × {sc.prompts_per_step} prompts from one cold start "
+        f"(greedy EM {100 * cold:.1f}% on {sc.eval_prompts} test questions); mean ± sd over seeds.",
+        "",
+        "| run | budget | seeds | EM | 1-hop | 2-hop | 3-hop | 4-hop | tool calls / q | decoded tokens | "
+        "prefilled tokens | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in [n for n in RUNS if n in by]:
+        rs = by[name]
+        hop = [_mean_sd([r["em_by_hops"][str(h)] for r in rs]) for h in _HOPS]
+        keys = ("decoded_tokens", "prefilled_tokens", "wall_s")
+        mean = {k: statistics.mean(r[k] for r in rs) for k in keys}
+        calls = statistics.mean(r["tool_calls_per_question"] or 0.0 for r in rs)
+        lines.append(
+            f"| {name} | {rs[0]['budget']} | {len(rs)} | {_mean_sd([r['em'] for r in rs])} | "
+            + " | ".join(hop)
+            + f" | {calls:.2f} | {mean['decoded_tokens']:,.0f} | {mean['prefilled_tokens']:,.0f} | "
+            f"{mean['wall_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r["name"], []).append(r)
+    for name, rs in by.items():
+        x = statistics.mean(r["decoded_tokens"] for r in rs)
+        ems = [100 * r["em"] for r in rs]
+        sd = statistics.stdev(ems) if len(ems) > 1 else 0.0
+        style = "o" if name.startswith("chain") else ("s" if name.count("_") == 3 else "^")
+        ax.errorbar(x, statistics.mean(ems), yerr=sd, fmt=style, capsize=3, label=name)
+    if records:
+        ax.axhline(100 * records[0]["em_cold_start"], color="grey", ls="--", lw=1, label="cold start")
+    ax.set_xscale("log")
+    ax.set_xlabel("rollout tokens decoded over the run (log)")
+    ax.set_ylabel("test EM after RL (%)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--prompts_per_step", type=int, default=8)
+    p.add_argument("--eval_prompts", type=int, default=320)
+    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated names: " + ", ".join(RUNS))
+    p.add_argument("--report_only", action="store_true", help="summarise finished runs, train nothing")
+    a = p.parse_args(argv)
+    names = tuple(n for n in a.runs.split(",") if n)
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        p.error(f"--runs: unknown {unknown}; known: {list(RUNS)}")
+    sc = SweepConfig(
+        out=a.out,
+        seeds=a.seeds,
+        steps=a.steps,
+        prompts_per_step=a.prompts_per_step,
+        eval_prompts=a.eval_prompts,
+        runs=names,
+    )
+    os.makedirs(sc.out, exist_ok=True)
+    records = []
+    if a.report_only:
+        for name in names:
+            for seed in range(sc.seeds):
+                path = os.path.join(sc.out, "runs", f"{name}_s{seed}", "result.json")
+                if os.path.exists(path):
+                    records.append(_read_json(path))
+    else:
+        cold = cold_start(sc)
+        # Seed-major: every run name gets a first seed before any gets a second.
+        for seed in range(sc.seeds):
+            for name in names:
+                print(f"=== {name} seed {seed}", flush=True)
+                records.append(run_one(sc, cold, name, seed))
+    with open(os.path.join(sc.out, "results.json"), "w") as f:
+        json.dump({"config": dataclasses.asdict(sc), "runs": records}, f, indent=2)
+    table = summarize(records, sc)
+    with open(os.path.join(sc.out, "summary.md"), "w") as f:
+        f.write(table)
+    plot(records, os.path.join(sc.out, "em_vs_cost.png"))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
