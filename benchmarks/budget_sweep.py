@@ -105,6 +105,8 @@ def _seed_workdir(cold: str, wd: str) -> None:
     with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
         f.writelines(step0)
     shutil.copytree(os.path.join(cold, "checkpoints", "0"), os.path.join(wd, "checkpoints", "0"))
+    if os.path.exists(os.path.join(cold, "reference")):  # the frozen KL reference (kl_coef > 0)
+        shutil.copytree(os.path.join(cold, "reference"), os.path.join(wd, "reference"))
 
 
 def _read_json(path: str):

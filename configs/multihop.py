@@ -142,8 +142,8 @@ def _tiny(c: ConfigDict) -> ConfigDict:
     c.retriever.kind = "bm25"
     # One passage per search: BM25 puts the searched entity's own passage first, and short
     # contexts keep a CPU step cheap.
-    # Temperature 0.7: at 1.0 a 1M-parameter model's samples garble names (sampled EM ~6% where
-    # greedy gets 28%), so most groups have no correct leaf to learn from.
+    # Temperature 0.7: at 1.0 a 1M-parameter model's samples garble names (on an earlier cold start:
+    # sampled EM ~6% where greedy got 28%), so most groups have no correct leaf to learn from.
     c.agent.update(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1, temperature=0.7)
     c.observation.update(passage_tokens=56, max_tokens=72)
     c.rl.update(
@@ -154,10 +154,10 @@ def _tiny(c: ConfigDict) -> ConfigDict:
         entropy_coef=0.0,
         row_multiple=8,
     )
-    c.optim.update(learning_rate=1e-4, warmup_ratio=0.1)  # 2e-4 overshot (EM 27.2 -> 22.8 in 20 steps)
+    c.optim.update(learning_rate=1e-4, warmup_ratio=0.1)  # 2e-4 overshot on an earlier cold start
     c.sft = ConfigDict(
         dict(
-            steps=1500,  # cold start on scripted demonstrations (length-grouped batches)
+            steps=1200,  # cold start on scripted demonstrations (length-grouped batches)
             batch_rows=8,
             demonstrations=2880,  # every train question
             optim=dict(learning_rate=3e-3, warmup_ratio=0.05, schedule="cosine", min_lr_ratio=0.05),

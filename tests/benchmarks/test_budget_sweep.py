@@ -18,26 +18,21 @@ _SPEC.loader.exec_module(sweep)
 
 
 def _toy(variant):
+    """The toy `:tiny` config with the variant's tree shape and estimator."""
     c = toy_config_dict()
-    for part in [p for p in variant.split(",") if p]:  # the variant parser of configs/multihop.py
-        c_variant = multihop.get_config(f"tiny,{part}")
-        c.tree, c.rl.estimator = c_variant.tree, c_variant.rl.estimator
+    full = multihop.get_config(f"tiny,{variant}" if variant else "tiny")
+    c.tree, c.rl.estimator = full.tree, full.rl.estimator
     return c
 
 
 @pytest.mark.slow
 def test_runs_share_one_cold_start_resume_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "base_config", _toy)
-    args = ["--out", str(tmp_path), "--seeds=2", "--steps=1", "--prompts_per_step=2", "--eval_prompts=4"]
+    args = ["--out", str(tmp_path), "--seeds=1", "--steps=1", "--prompts_per_step=2", "--eval_prompts=4"]
     sweep.main([*args, "--runs=chain_2,tree_1_2_1"])
     result = json.loads((tmp_path / "results.json").read_text())
     runs = result["runs"]
-    assert sorted((r["name"], r["seed"]) for r in runs) == [
-        ("chain_2", 0),
-        ("chain_2", 1),
-        ("tree_1_2_1", 0),
-        ("tree_1_2_1", 1),
-    ]
+    assert sorted((r["name"], r["seed"]) for r in runs) == [("chain_2", 0), ("tree_1_2_1", 0)]
     cold = json.loads((tmp_path / "cold_start" / "metrics.jsonl").read_text().splitlines()[0])
     for r in runs:
         assert r["steps"] == 1 and r["em_cold_start"] == cold["eval/em"]  # the same starting point
@@ -54,7 +49,7 @@ def test_runs_share_one_cold_start_resume_and_report(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "chain_2_s0" / "result.json").stat().st_mtime_ns == stamp
     sweep.main([*args, "--runs=chain_2,tree_1_2_1", "--report_only"])
     table = (tmp_path / "summary.md").read_text()
-    assert "| chain_2 | 2 | 2 |" in table and "| tree_1_2_1 |" in table
+    assert "| chain_2 | 2 | 1 |" in table and "| tree_1_2_1 |" in table
     assert (tmp_path / "em_vs_cost.png").stat().st_size > 1000
 
 
