@@ -129,6 +129,15 @@ class Decoder(nnx.Module):
         b, t, _, d = q_BTHD.shape
         g = cfg.num_heads // cfg.num_kv_heads
         q = q_BTHD.reshape(b, t, cfg.num_kv_heads, g, d)
+        if t == 1:
+            # One query per row (decode): a batched [G, D] x [D, U] dot per row and kv head is a
+            # poor fit for XLA:CPU's dot emitter; as multiply-and-reduce it is one vectorised
+            # fusion that also reads the gathered cache rows in place.
+            qf = q[:, 0, :, :, None, :].astype(jnp.float32)  # [B, K, G, 1, D]
+            scores = jnp.sum(qf * k_BKUD[:, :, None].astype(jnp.float32), axis=-1)[:, :, :, None]
+            probs = jax.nn.softmax(scores * (d**-0.5) + bias_B11TU, axis=-1)  # [B, K, G, 1, U]
+            out = jnp.sum(probs[:, :, :, 0, :, None] * v_BKUD[:, :, None].astype(jnp.float32), axis=-2)
+            return out.astype(v_BKUD.dtype).reshape(b, 1, cfg.num_heads, d)
         scores = jnp.einsum("btkgd,bkud->bkgtu", q, k_BKUD, preferred_element_type=jnp.float32)
         probs = jax.nn.softmax(scores * (d**-0.5) + bias_B11TU, axis=-1).astype(v_BKUD.dtype)
         out = jnp.einsum("bkgtu,bkud->btkgd", probs, v_BKUD)

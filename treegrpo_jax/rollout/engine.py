@@ -81,7 +81,9 @@ def _append(graphdef, state, cache: KVCache, tokens, chunk_lens, slots):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "num_steps", "attend_len"), donate_argnames=("cache",)
+    jax.jit,
+    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots"),
+    donate_argnames=("cache",),
 )
 def _decode(
     graphdef,
@@ -98,9 +100,13 @@ def _decode(
     *,
     num_steps,
     attend_len,
+    rows_are_slots=False,
 ):
     model = nnx.merge(graphdef, state)
     b = pending.shape[0]
+    # Row b decoding slot b (the whole pool, in order): attention reads the cache in place
+    # instead of gathering every row's keys and values per layer and step.
+    model_slots = None if rows_are_slots else slots
     row_slots = jnp.minimum(slots, cache.num_slots - 1)
 
     def cond(carry):
@@ -109,7 +115,7 @@ def _decode(
 
     def body(carry):
         step, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit, window, stop_hit = carry
-        logits, cache = model.decode(pending, cache, active, slots=slots, attend_len=attend_len)
+        logits, cache = model.decode(pending, cache, active, slots=model_slots, attend_len=attend_len)
         lengths = cache.lengths[row_slots]
         # Fold the write position into the row's key: a row's stream depends only on its own
         # key and history, not on which other rows share the batch.
@@ -324,6 +330,7 @@ class Engine:
             self.stop_table,
             num_steps=steps,
             attend_len=attend,
+            rows_are_slots=b == self.num_slots and bool(np.array_equal(rows, np.arange(b))),
         )
         self.cache, new_pending, tok, logp, count, eos_hit, ctx_hit, stop_hit = out
         count = np.asarray(count)[:n]
