@@ -29,6 +29,7 @@ def _toy(variant):
 def test_runs_share_one_cold_start_resume_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "base_config", _toy)
     args = ["--out", str(tmp_path), "--seeds=1", "--steps=1", "--prompts_per_step=2", "--eval_prompts=4"]
+    args.append("--sft_steps=2")
     sweep.main([*args, "--runs=chain_2,tree_1_2_1"])
     result = json.loads((tmp_path / "results.json").read_text())
     runs = result["runs"]
