@@ -49,6 +49,13 @@ RUNS: dict[str, tuple[str, str]] = {
     "tree_2_2_1_inter": ("tree_m=2,tree_n=2,tree_l=1,estimator=inter", "≈4, inter only"),
 }
 _HOPS = (1, 2, 3, 4)
+# The paper's budget table: per budget (≈ rollouts per prompt), the chain and the tree shapes.
+BUDGET_ROWS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("≈2", "chain_2", ("tree_1_2_1",)),
+    ("≈4", "chain_4", ("tree_2_2_1",)),
+    ("≈8", "chain_8", ("tree_4_2_1", "tree_2_6_1")),
+    ("≈16", "chain_16", ("tree_4_5_1",)),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +191,16 @@ def _mean_sd(xs: list[float]) -> str:
     return f"{100 * statistics.mean(xs):.1f} ± {100 * sd:.1f}"
 
 
+def _cold_start_eval(sc: SweepConfig) -> dict | None:
+    """The cold start's step-0 evaluation (None when the sweep has no cold start yet)."""
+    path = os.path.join(sc.out, "cold_start", "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        evals = [r for r in map(json.loads, f) if r["step"] == 0 and "eval/em" in r]
+    return evals[0] if evals else None
+
+
 def summarize(records: list[dict], sc: SweepConfig) -> str:
     """A markdown table, one row per run name, mean ± sd over seeds."""
     by: dict[str, list[dict]] = {}
@@ -198,6 +215,12 @@ def summarize(records: list[dict], sc: SweepConfig) -> str:
         "prefilled tokens | wall (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    start = _cold_start_eval(sc)
+    if start:
+        hop = " | ".join(f"{100 * start.get(f'eval/em/synthetic_{h}hop', 0.0):.1f}" for h in _HOPS)
+        calls = start.get("eval/tool_calls_mean", 0.0)
+        em = 100 * start["eval/em"]
+        lines.append(f"| cold start | – | – | {em:.1f} | {hop} | {calls:.2f} | – | – | – |")
     for name in [n for n in RUNS if n in by]:
         rs = by[name]
         hop = [_mean_sd([r["em_by_hops"][str(h)] for r in rs]) for h in _HOPS]
@@ -210,6 +233,34 @@ def summarize(records: list[dict], sc: SweepConfig) -> str:
             + f" | {calls:.2f} | {mean['decoded_tokens']:,.0f} | {mean['prefilled_tokens']:,.0f} | "
             f"{mean['wall_s']:.0f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _multihop(r: dict) -> float:
+    return statistics.mean(r["em_by_hops"][str(h)] or 0.0 for h in _HOPS[1:])
+
+
+def budget_table(records: list[dict]) -> str:
+    """The paper's layout: one line per budget, chain vs tree, 1-hop and multi-hop (2–4) EM."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r["name"], []).append(r)
+
+    def cell(name: str) -> str:
+        rs = by.get(name)
+        if not rs:
+            return "– | – | –"
+        one = _mean_sd([r["em_by_hops"]["1"] for r in rs])
+        return f"{one} | {_mean_sd([_multihop(r) for r in rs])} | {_mean_sd([r['em'] for r in rs])}"
+
+    lines = [
+        "| budget | chain | 1-hop | multi-hop | all | tree | 1-hop | multi-hop | all |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, chain, trees in BUDGET_ROWS:
+        for tree in trees:
+            if chain in by or tree in by:
+                lines.append(f"| {label} | {chain} | {cell(chain)} | {tree} | {cell(tree)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -283,7 +334,7 @@ def main(argv=None) -> None:
                 records.append(run_one(sc, cold, name, seed))
     with open(os.path.join(sc.out, "results.json"), "w") as f:
         json.dump({"config": dataclasses.asdict(sc), "runs": records}, f, indent=2)
-    table = summarize(records, sc)
+    table = summarize(records, sc) + "\n" + budget_table(records)
     with open(os.path.join(sc.out, "summary.md"), "w") as f:
         f.write(table)
     plot(records, os.path.join(sc.out, "em_vs_cost.png"))

@@ -51,6 +51,10 @@ def test_runs_share_one_cold_start_resume_and_report(tmp_path, monkeypatch):
     sweep.main([*args, "--runs=chain_2,tree_1_2_1", "--report_only"])
     table = (tmp_path / "summary.md").read_text()
     assert "| chain_2 | 2 | 1 |" in table and "| tree_1_2_1 |" in table
+    # The paper's layout: budget ≈2 pairs chain_2 with tree_1_2_1; budgets with no runs are left out.
+    assert "| ≈2 | chain_2 |" in table and "| tree_1_2_1 |" in table.split("| ≈2 |")[1]
+    assert "| ≈4 |" not in table
+    assert f"| cold start | – | – | {100 * cold['eval/em']:.1f} |" in table
     assert (tmp_path / "em_vs_cost.png").stat().st_size > 1000
 
 
