@@ -425,33 +425,37 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
     from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
     from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
 
-    world = build_world(WorldConfig(seed=bc.seed))
-    retriever = BM25Retriever.from_texts([r["contents"] for r in world.corpus_rows()])
     if bc.policy_workdir:
-        from flax import nnx
+        # The run's own world, template, observation and agent settings (the `:tiny` config).
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
+        import multihop
 
-        from treegrpo_jax.model.build import abstract_model
-        from treegrpo_jax.train.checkpoint import Checkpointer
-        from treegrpo_jax.train.export import load_model_config, load_tokenizer
+        from treegrpo_jax.train import setup
+        from treegrpo_jax.train.config import from_config_dict
+        from treegrpo_jax.train.export import load_model_config, load_tokenizer, restore_model
 
+        tcfg = from_config_dict(multihop.get_config("tiny"))
         tok = load_tokenizer(bc.policy_workdir)
-        mcfg = load_model_config(bc.policy_workdir)
-        graphdef, abstract = abstract_model(mcfg)
-        with Checkpointer(bc.policy_workdir) as ckpt:
-            params = ckpt.restore_params(abstract_params=abstract)
-        policy = nnx.merge(graphdef, params)
+        policy, _ = restore_model(bc.policy_workdir, load_model_config(bc.policy_workdir), step=0)
+        mcfg = policy.cfg
+        data = setup.load_data(tcfg, bc.policy_workdir)
+        env = setup.make_env(tcfg, tok, setup.make_retriever(tcfg, data))
+        agent = tcfg.agent
+        rows = list(data.train[: bc.tree_prompts])
     else:
+        world = build_world(WorldConfig(seed=bc.seed))
+        retriever = BM25Retriever.from_texts([r["contents"] for r in world.corpus_rows()])
         tok = train_bpe_tokenizer(list(world.passages) + [r.question for r in world.train], vocab_size=1024)
         mcfg = dataclasses.replace(bc.model_config(), vocab_size=tok.vocab_size)
         policy = init_model(mcfg, seed=bc.seed)
-    env = AgentEnv(
-        tokenizer=tok,
-        retriever=retriever,
-        prompt=PromptConfig.from_template("search_agent_terse"),
-        observation=ObservationConfig(passage_tokens=56, max_tokens=72),
-    )
-    agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)
-    rows = list(world.train[: bc.tree_prompts])
+        env = AgentEnv(
+            tokenizer=tok,
+            retriever=retriever,
+            prompt=PromptConfig.from_template("search_agent_terse"),
+            observation=ObservationConfig(passage_tokens=56, max_tokens=72),
+        )
+        agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)
+        rows = list(world.train[: bc.tree_prompts])
     table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=mcfg.vocab_size)
     shapes = {
         "tree": TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1),

@@ -97,6 +97,41 @@ def load_tokenizer(workdir: str | pathlib.Path) -> Tokenizer | None:
     return Tokenizer.from_hf_dir(directory)
 
 
+def restore_model(
+    workdir: str | pathlib.Path,
+    model_cfg: ModelConfig,
+    step: int | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Rules = DEFAULT_RULES,
+):
+    """The policy of checkpoint `step` (None: the latest) of the run in `workdir`.
+
+    Returns:
+      (Decoder, the restored step). Parameters are restored straight into their shardings
+      on `mesh` (None: one device).
+    """
+    graphdef, abstract = abstract_model(model_cfg)
+    shardings = param_shardings(abstract, mesh, rules)
+    # Variables kept as leaves: the shardings tree has one sharding where `abstract` has a Param.
+    abstract = jax.tree.map(
+        lambda v, s: v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s)),
+        abstract,
+        shardings,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    # Synchronous: an export only reads, and must not leave background threads behind.
+    ckpt = Checkpointer(workdir, CheckpointConfig(keep=None, async_save=False))
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
+        params = ckpt.restore_params(step, abstract_params=abstract)
+    finally:
+        ckpt.close()
+    return nnx.merge(graphdef, params), step
+
+
 def export_hf(
     workdir: str | pathlib.Path,
     step: int | None,
@@ -123,25 +158,8 @@ def export_hf(
     Returns:
       The exported step.
     """
-    graphdef, abstract = abstract_model(model_cfg)
-    shardings = param_shardings(abstract, mesh, rules)
-    # Variables kept as leaves: the shardings tree has one sharding where `abstract` has a Param.
-    abstract = jax.tree.map(
-        lambda v, s: v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s)),
-        abstract,
-        shardings,
-        is_leaf=lambda x: isinstance(x, nnx.Variable),
-    )
-    # Synchronous: an export only reads, and must not leave background threads behind.
-    ckpt = Checkpointer(workdir, CheckpointConfig(keep=None, async_save=False))
-    try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
-        params = ckpt.restore_params(step, abstract_params=abstract)
-    finally:
-        ckpt.close()
-    save_hf(nnx.merge(graphdef, params), model_cfg, out_dir)
+    model, step = restore_model(workdir, model_cfg, step, mesh=mesh, rules=rules)
+    save_hf(model, model_cfg, out_dir)
     if tokenizer is not None and jax.process_index() == 0:
         tokenizer.backend.save_pretrained(str(out_dir))
     logging.info("export: wrote step %d of %s to %s", step, workdir, out_dir)
