@@ -265,28 +265,35 @@ def budget_table(records: list[dict]) -> str:
 
 
 def plot(records: list[dict], path: str) -> None:
+    """Final EM (mean ± sd over seeds) against two costs: rollout tokens decoded, training wall time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     by: dict[str, list[dict]] = {}
     for r in records:
         by.setdefault(r["name"], []).append(r)
-    for name, rs in by.items():
-        x = statistics.mean(r["decoded_tokens"] for r in rs)
-        ems = [100 * r["em"] for r in rs]
-        sd = statistics.stdev(ems) if len(ems) > 1 else 0.0
-        style = "o" if name.startswith("chain") else ("s" if name.count("_") == 3 else "^")
-        ax.errorbar(x, statistics.mean(ems), yerr=sd, fmt=style, capsize=3, label=name)
-    if records:
-        ax.axhline(100 * records[0]["em_cold_start"], color="grey", ls="--", lw=1, label="cold start")
-    ax.set_xscale("log")
-    ax.set_xlabel("rollout tokens decoded over the run (log)")
-    ax.set_ylabel("test EM after RL (%)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
+    costs = (
+        ("decoded_tokens", "rollout tokens decoded over the run (log)"),
+        ("train_wall_s", "training wall time, s (log)"),
+    )
+    for ax, (key, label) in zip(axes, costs, strict=True):
+        for name, rs in by.items():
+            ems = [100 * r["em"] for r in rs]
+            sd = statistics.stdev(ems) if len(ems) > 1 else 0.0
+            # Circles: chains; squares: trees; triangles: the (2,2,1) advantage ablation.
+            style = "o" if name.startswith("chain") else ("s" if name.count("_") == 3 else "^")
+            x = statistics.mean(r[key] for r in rs)
+            ax.errorbar(x, statistics.mean(ems), yerr=sd, fmt=style, capsize=3, label=name)
+        if records:
+            ax.axhline(100 * records[0]["em_cold_start"], color="grey", ls="--", lw=1, label="cold start")
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test EM after RL (%)")
+    axes[1].legend(fontsize=7, ncol=2, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
