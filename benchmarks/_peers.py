@@ -104,6 +104,35 @@ class _IdTokenizer:
         return PAD_ID
 
 
+class LayerRow:
+    """Layer `i` of one of our stacked [L, ...] variables, readable with `[...]` like a variable."""
+
+    def __init__(self, stacked, i: int):
+        self.stacked, self.i = stacked, i
+
+    def __getitem__(self, _):
+        return self.stacked[...][self.i]
+
+
+def tunix_weight_pairs(model, tm, cfg):
+    """(our variable, Tunix variable) pairs for Tunix' Llama3 and Qwen2 (the same attribute names);
+    our stacked per-layer arrays are indexed by layer."""
+    yield model.embed, tm.embedder.input_embedding
+    yield model.final_norm, tm.final_norm.w
+    if not cfg.tie_embeddings:
+        yield model.lm_head, tm.lm_head.w
+    for i, layer in enumerate(tm.layers):
+        yield LayerRow(model.attn_norm, i), layer.input_layernorm.w
+        yield LayerRow(model.mlp_norm, i), layer.post_attention_layernorm.w
+        yield LayerRow(model.wq, i), layer.attn.q_proj.w
+        yield LayerRow(model.wk, i), layer.attn.k_proj.w
+        yield LayerRow(model.wv, i), layer.attn.v_proj.w
+        yield LayerRow(model.wo, i), layer.attn.o_proj.w
+        yield LayerRow(model.w_gate, i), layer.mlp.gate_proj.kernel
+        yield LayerRow(model.w_up, i), layer.mlp.up_proj.kernel
+        yield LayerRow(model.w_down, i), layer.mlp.down_proj.kernel
+
+
 def _tunix_model(model: Decoder, cfg: ModelConfig):
     """A Tunix `Llama3` of the same shape holding our weights (layouts already match)."""
     from flax import nnx
@@ -132,24 +161,9 @@ def _tunix_model(model: Decoder, cfg: ModelConfig):
     )
     tm = llama3.Llama3(tcfg, rngs=nnx.Rngs(0))
 
-    def ours(name):
-        return getattr(model, name)[...]
-
     # Ours "e h d" / "e k d" / "h d e" / "e f" / "f e" are exactly Tunix' DNH / DKH / NHD / Linear kernels.
-    tm.embedder.input_embedding.set_value(ours("embed"))
-    tm.final_norm.w.set_value(ours("final_norm"))
-    if not cfg.tie_embeddings:
-        tm.lm_head.w.set_value(ours("lm_head"))
-    for i, layer in enumerate(tm.layers):
-        layer.input_layernorm.w.set_value(ours("attn_norm")[i])
-        layer.post_attention_layernorm.w.set_value(ours("mlp_norm")[i])
-        layer.attn.q_proj.w.set_value(ours("wq")[i])
-        layer.attn.k_proj.w.set_value(ours("wk")[i])
-        layer.attn.v_proj.w.set_value(ours("wv")[i])
-        layer.attn.o_proj.w.set_value(ours("wo")[i])
-        layer.mlp.gate_proj.kernel.set_value(ours("w_gate")[i])
-        layer.mlp.up_proj.kernel.set_value(ours("w_up")[i])
-        layer.mlp.down_proj.kernel.set_value(ours("w_down")[i])
+    for ours, theirs in tunix_weight_pairs(model, tm, cfg):
+        theirs.set_value(ours[...])
     return tm
 
 

@@ -49,7 +49,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "configs")]  # this checkout, not another install
+sys.path[:0] = [ROOT, os.path.join(ROOT, "configs"), os.path.join(ROOT, "benchmarks")]  # this checkout
+
+import _peers  # noqa: E402
 
 _HOPS = (1, 2, 3, 4)
 _STOPS = ("</search>", "</answer>")
@@ -125,37 +127,9 @@ def tunix_qwen2(model, cfg):
         use_tied_embedding=cfg.tie_embeddings,
     )
     tm = qwen2.Qwen2(tcfg, rngs=nnx.Rngs(0))
-    for ours, theirs in _pairs(model, tm, cfg):
+    for ours, theirs in _peers.tunix_weight_pairs(model, tm, cfg):
         theirs.set_value(ours[...])
     return tm
-
-
-class _Row:
-    """Layer `i` of one of our stacked [L, ...] variables, readable with `[...]` like a variable."""
-
-    def __init__(self, stacked, i: int):
-        self.stacked, self.i = stacked, i
-
-    def __getitem__(self, _):
-        return self.stacked[...][self.i]
-
-
-def _pairs(model, tm, cfg):
-    """(our variable, Tunix variable) pairs; our per-layer arrays are indexed by layer."""
-    yield model.embed, tm.embedder.input_embedding
-    yield model.final_norm, tm.final_norm.w
-    if not cfg.tie_embeddings:
-        yield model.lm_head, tm.lm_head.w
-    for i, layer in enumerate(tm.layers):
-        yield _Row(model.attn_norm, i), layer.input_layernorm.w
-        yield _Row(model.mlp_norm, i), layer.post_attention_layernorm.w
-        yield _Row(model.wq, i), layer.attn.q_proj.w
-        yield _Row(model.wk, i), layer.attn.k_proj.w
-        yield _Row(model.wv, i), layer.attn.v_proj.w
-        yield _Row(model.wo, i), layer.attn.o_proj.w
-        yield _Row(model.w_gate, i), layer.mlp.gate_proj.kernel
-        yield _Row(model.w_up, i), layer.mlp.up_proj.kernel
-        yield _Row(model.w_down, i), layer.mlp.down_proj.kernel
 
 
 def back_to_decoder(tm, model, cfg) -> None:
@@ -168,8 +142,8 @@ def back_to_decoder(tm, model, cfg) -> None:
             if np.any(np.asarray(b[...]) != 0):
                 raise RuntimeError("a Tunix q/k/v bias moved away from zero; the freeze did not hold")
     stacked: dict[int, list] = {}
-    for ours, theirs in _pairs(model, tm, cfg):
-        if isinstance(ours, _Row):  # layers come in order
+    for ours, theirs in _peers.tunix_weight_pairs(model, tm, cfg):
+        if isinstance(ours, _peers.LayerRow):  # layers come in order
             stacked.setdefault(id(ours.stacked), [ours.stacked, []])[1].append(theirs[...])
         else:
             ours.set_value(jnp.asarray(theirs[...]))
