@@ -35,11 +35,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "configs")]  # this checkout, not another install
 
 # name -> (config variant of configs/multihop.py, budget label)
+# Chains: plain GRPO (the group z-score) as in the paper's baseline, and `chain_*_tree` with the
+# Tree-GRPO estimator, which on one-leaf trees adds each leaf's own reward r/(1+1e-6) (intra).
 RUNS: dict[str, tuple[str, str]] = {
-    "chain_2": ("tree_m=2,tree_n=0,tree_l=0", "2"),
-    "chain_4": ("tree_m=4,tree_n=0,tree_l=0", "4"),
-    "chain_8": ("tree_m=8,tree_n=0,tree_l=0", "8"),
-    "chain_16": ("tree_m=16,tree_n=0,tree_l=0", "16"),
+    "chain_2": ("tree_m=2,tree_n=0,tree_l=0,estimator=grpo", "2"),
+    "chain_4": ("tree_m=4,tree_n=0,tree_l=0,estimator=grpo", "4"),
+    "chain_8": ("tree_m=8,tree_n=0,tree_l=0,estimator=grpo", "8"),
+    "chain_16": ("tree_m=16,tree_n=0,tree_l=0,estimator=grpo", "16"),
+    "chain_2_tree": ("tree_m=2,tree_n=0,tree_l=0", "2, Tree-GRPO estimator"),
+    "chain_4_tree": ("tree_m=4,tree_n=0,tree_l=0", "4, Tree-GRPO estimator"),
+    "chain_8_tree": ("tree_m=8,tree_n=0,tree_l=0", "8, Tree-GRPO estimator"),
+    "chain_16_tree": ("tree_m=16,tree_n=0,tree_l=0", "16, Tree-GRPO estimator"),
     "tree_1_2_1": ("tree_m=1,tree_n=2,tree_l=1", "≈2 (3 leaves)"),
     "tree_2_2_1": ("tree_m=2,tree_n=2,tree_l=1", "≈4 (6 leaves)"),
     "tree_4_2_1": ("tree_m=4,tree_n=2,tree_l=1", "≈8 (12 leaves)"),
@@ -283,8 +289,10 @@ def plot(records: list[dict], path: str) -> None:
         for name, rs in by.items():
             ems = [100 * r["em"] for r in rs]
             sd = statistics.stdev(ems) if len(ems) > 1 else 0.0
-            # Circles: chains; squares: trees; triangles: the (2,2,1) advantage ablation.
-            style = "o" if name.startswith("chain") else ("s" if name.count("_") == 3 else "^")
+            # Circles: GRPO chains; diamonds: chains with the tree estimator; squares: trees;
+            # triangles: the (2,2,1) advantage ablation.
+            style = ("D" if name.endswith("_tree") else "o") if name.startswith("chain") else "s"
+            style = "^" if name.endswith(("_intra", "_inter")) else style
             x = statistics.mean(r[key] for r in rs)
             ax.errorbar(x, statistics.mean(ems), yerr=sd, fmt=style, capsize=3, label=name)
         if records:
