@@ -101,6 +101,21 @@ def _config(variant: str, sc: SweepConfig, seed: int, steps: int):
     return from_config_dict(c)
 
 
+def run_config(variant: str, sc: SweepConfig, seed: int) -> dict:
+    """How to reproduce one run: the config file and variant, and what the sweep overrides in it."""
+    return {
+        "config": f"configs/multihop.py:tiny,{variant}" if variant else "configs/multihop.py:tiny",
+        "overrides": {
+            "run.seed": seed,
+            "run.steps": sc.steps,
+            "run.prompts_per_step": sc.prompts_per_step,
+            "data.eval_prompts": sc.eval_prompts,
+            "sft.steps": sc.sft_steps,
+        },
+        "init": "checkpoint 0 of OUT/cold_start",
+    }
+
+
 def cold_start(sc: SweepConfig) -> str:
     """Trains the shared cold start once (the :tiny SFT + its step-0 evaluation); returns its dir."""
     from treegrpo_jax.train.loop import train_and_evaluate
@@ -348,7 +363,8 @@ def main(argv=None) -> None:
                 print(f"=== {name} seed {seed}", flush=True)
                 records.append(run_one(sc, cold, name, seed))
     with open(os.path.join(sc.out, "results.json"), "w") as f:
-        json.dump({"config": dataclasses.asdict(sc), "runs": records}, f, indent=2)
+        runs = [r | {"config": run_config(r["variant"], sc, r["seed"])} for r in records]
+        json.dump({"config": dataclasses.asdict(sc), "runs": runs}, f, indent=2)
     table = summarize(records, sc) + "\n" + budget_table(records)
     with open(os.path.join(sc.out, "summary.md"), "w") as f:
         f.write(table)

@@ -40,6 +40,7 @@ def test_runs_share_one_cold_start_resume_and_report(tmp_path, monkeypatch):
         assert 0.0 <= r["em"] <= 1.0 and set(r["em_by_hops"]) == {"1", "2", "3", "4"}
         assert r["leaves"] == 2 * (2 if r["name"] == "chain_2" else 3)  # prompts × leaves per prompt
         assert r["decoded_tokens"] > 0 and len(r["reward_curve"]) == 1
+        assert r["config"]["overrides"]["run.seed"] == 0 and r["variant"] in r["config"]["config"]
     # A tree of (1, 2, 1) prefills less than it would by re-submitting every branch's prefix.
     tree = [r for r in runs if r["name"] == "tree_1_2_1"]
     assert all(r["reprefill_tokens"] > r["prefilled_tokens"] for r in tree)
