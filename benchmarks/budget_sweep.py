@@ -301,7 +301,7 @@ def plot(records: list[dict], path: str) -> None:
         ("train_wall_s", "training wall time, s (log)"),
     )
     for ax, (key, label) in zip(axes, costs, strict=True):
-        for name, rs in by.items():
+        for i, (name, rs) in enumerate(by.items()):
             ems = [100 * r["em"] for r in rs]
             sd = statistics.stdev(ems) if len(ems) > 1 else 0.0
             # Circles: GRPO chains; diamonds: chains with the tree estimator; squares: trees;
@@ -309,7 +309,8 @@ def plot(records: list[dict], path: str) -> None:
             style = ("D" if name.endswith("_tree") else "o") if name.startswith("chain") else "s"
             style = "^" if name.endswith(("_intra", "_inter")) else style
             x = statistics.mean(r[key] for r in rs)
-            ax.errorbar(x, statistics.mean(ems), yerr=sd, fmt=style, capsize=3, label=name)
+            color = plt.cm.tab20(i % 20)  # up to 20 distinct colours (the default cycle has 10)
+            ax.errorbar(x, statistics.mean(ems), yerr=sd, fmt=style, color=color, capsize=3, label=name)
         if records:
             ax.axhline(100 * records[0]["em_cold_start"], color="grey", ls="--", lw=1, label="cold start")
         ax.set_xscale("log")
