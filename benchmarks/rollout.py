@@ -90,7 +90,7 @@ class BenchConfig:
     profile_steps: int = 8
     # tree part
     tree_prompts: int = 8
-    policy_workdir: str = ""  # a trained :tiny workdir; empty: random weights
+    policy_workdir: str = ""  # a :tiny workdir, its checkpoint 0 (the cold start); empty: random weights
     seed: int = 0
 
     def __post_init__(self):
@@ -411,9 +411,10 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
     """Tree (2,2,1) vs chain with the same 6 leaves per prompt on the synthetic world.
 
     The policy is the benchmark's model re-sized to the world's BPE vocabulary (random
-    weights), or a trained `:tiny` run when `--policy_workdir` is given (then tool calls
-    are meaningful). Both runs use the same engine, prompts and limits; the tree prefills
-    each prompt once and each observation once, and starts its branches by cache copy.
+    weights), or checkpoint 0 (the cold start) of a `:tiny` run when `--policy_workdir` is
+    given (then tool calls are meaningful). Both runs use the same engine, prompts and limits;
+    the tree prefills each prompt once and each observation once, and starts its branches by
+    cache copy.
     """
     del model, cfg
     from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
@@ -579,7 +580,7 @@ def parse_args(argv: list[str]) -> BenchConfig:
         ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
     ap.add_argument("--torch_threads", default="auto", help="an int, or 'auto' (probe cores and 1)")
     ap.add_argument(
-        "--policy_workdir", default="", help="tree part: a trained :tiny workdir (default: random)"
+        "--policy_workdir", default="", help="tree part: a :tiny workdir; its checkpoint 0 is the policy"
     )
     args = vars(ap.parse_args(argv))
     args["parts"] = tuple(p for p in args["parts"].split(",") if p)
