@@ -28,6 +28,7 @@ from treegrpo_jax.model import rope
 from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
 from treegrpo_jax.model.cache import KVCache
 from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.decode_attention import AttentionImpl, decode_attention_native
 
 _NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
 
@@ -210,6 +211,7 @@ class Decoder(nnx.Module):
         slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
         all_logits: bool = False,
+        attention: AttentionImpl = AttentionImpl.XLA,
     ) -> tuple[Array, KVCache]:
         """Appends `tokens[b, :chunk_lens[b]]` to slot `slots[b]` at that slot's own offset.
 
@@ -223,6 +225,9 @@ class Decoder(nnx.Module):
             length); attention then reads only the first `attend_len` positions.
           all_logits: return [B, C, V] logits for every chunk position instead of only
             the last appended one ([B, V]; garbage for rows with chunk_lens == 0).
+          attention: for one-token chunks (decode), `native` reads each row's live keys in
+            place with the CPU kernel (`decode_attention.py`); `xla` gathers a masked span.
+            Resolve `auto` first (`decode_attention.resolve`).
 
         Returns:
           (logits, updated cache).
@@ -240,6 +245,11 @@ class Decoder(nnx.Module):
         sees = jnp.arange(u)[None, None, :] <= positions[:, :, None]  # [B, C, U]
         bias = mask_bias(sees)[:, None, None]
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
+        if attention is AttentionImpl.AUTO:
+            raise ValueError("Decoder.append: resolve attention='auto' first (decode_attention.resolve)")
+        native = attention is AttentionImpl.NATIVE and c == 1
+        # Keys each row attends after its write: its new length (0 for rows that write nothing).
+        live_lens = jnp.where(chunk_lens > 0, positions[:, 0] + 1, 0)
 
         def layer(carry, xs):
             x, ck, cv = carry
@@ -248,6 +258,9 @@ class Decoder(nnx.Module):
             # Advanced indices around the kv-head slice: the update is laid out [B, C, K, D].
             ck = ck.at[i, slot_idx, :, write_pos].set(k.astype(ck.dtype), mode="drop")
             cv = cv.at[i, slot_idx, :, write_pos].set(v.astype(cv.dtype), mode="drop")
+            if native:
+                o = decode_attention_native(q[:, 0], ck, cv, i, slots, live_lens)
+                return (self._finish(p, x, o[:, None].astype(q.dtype)), ck, cv), None
             keys = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :, :u]
             values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :, :u]
             if not rows_are_slots:  # gather only the rows' slots (a batch smaller than the pool)
@@ -274,10 +287,16 @@ class Decoder(nnx.Module):
         *,
         slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
+        attention: AttentionImpl = AttentionImpl.XLA,
     ) -> tuple[Float[Array, "B V"], KVCache]:
         """One token for every active row (into its slot); inactive rows leave the cache untouched."""
         return self.append(
-            tokens[:, None], active.astype(jnp.int32), cache, slots=slots, attend_len=attend_len
+            tokens[:, None],
+            active.astype(jnp.int32),
+            cache,
+            slots=slots,
+            attend_len=attend_len,
+            attention=attention,
         )
 
 

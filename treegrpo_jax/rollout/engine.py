@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
+from treegrpo_jax.model.decode_attention import AttentionImpl, resolve
 from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.rollout import stops as stops_lib
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
@@ -82,7 +83,7 @@ def _append(graphdef, state, cache: KVCache, tokens, chunk_lens, slots):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots"),
+    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots", "attention"),
     donate_argnames=("cache",),
 )
 def _decode(
@@ -101,6 +102,7 @@ def _decode(
     num_steps,
     attend_len,
     rows_are_slots=False,
+    attention=AttentionImpl.XLA,
 ):
     model = nnx.merge(graphdef, state)
     b = pending.shape[0]
@@ -115,7 +117,9 @@ def _decode(
 
     def body(carry):
         step, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit, window, stop_hit = carry
-        logits, cache = model.decode(pending, cache, active, slots=model_slots, attend_len=attend_len)
+        logits, cache = model.decode(
+            pending, cache, active, slots=model_slots, attend_len=attend_len, attention=attention
+        )
         lengths = cache.lengths[row_slots]
         # Fold the write position into the row's key: a row's stream depends only on its own
         # key and history, not on which other rows share the batch.
@@ -178,9 +182,12 @@ class Engine:
         stop_table: stops_lib.StopTable | None = None,
         min_chunk: int = 16,
         min_rows: int = 1,
+        attention: AttentionImpl | str = AttentionImpl.AUTO,
     ):
         if num_slots <= 0 or max_len <= 1:
             raise ValueError(f"Engine needs num_slots > 0 and max_len > 1, got {num_slots}, {max_len}")
+        # Decode attention: the CPU kernel where it runs (reads live keys only, in place), else XLA.
+        self.attention = resolve(attention)
         self.graphdef, self.state = nnx.split(model)
         self.cfg = model.cfg
         self.num_slots, self.max_len = num_slots, max_len
@@ -331,6 +338,7 @@ class Engine:
             num_steps=steps,
             attend_len=attend,
             rows_are_slots=b == self.num_slots and bool(np.array_equal(rows, np.arange(b))),
+            attention=self.attention,
         )
         self.cache, new_pending, tok, logp, count, eos_hit, ctx_hit, stop_hit = out
         count = np.asarray(count)[:n]

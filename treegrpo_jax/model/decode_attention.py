@@ -1,0 +1,108 @@
+"""One-query (decode) attention read straight from the stacked slot cache.
+
+Legend: B rows, H query heads, K kv heads, G = H/K, D head dim, L layers, S slots,
+T slot capacity.
+
+Two implementations of one contract — row b attends the first `lengths[b]` keys of slot
+`slots[b]` in layer `layer` of `[L, S, K, T, D]` caches, in f32 whatever the stored dtype:
+
+  * `xla`: gather the rows' slots and attend a masked span (any backend; the reference);
+  * `native`: the CPU kernel of `treegrpo_jax/native/decode_attention.cc` through the XLA
+    FFI, which reads each row's live keys once, in place, for its whole GQA group.
+
+`resolve(impl)` picks one: `auto` is `native` on a CPU backend where the kernel builds,
+else `xla`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from treegrpo_jax.native import build as native_build
+
+_NEG_INF = -1e30
+
+
+class AttentionImpl(enum.StrEnum):
+    AUTO = "auto"
+    XLA = "xla"
+    NATIVE = "native"
+
+
+def resolve(impl: AttentionImpl | str) -> AttentionImpl:
+    """`auto` → `native` on CPU when the kernel library is available, else `xla`.
+
+    Raises ValueError for an unknown name, and when `native` is asked for where it cannot run.
+    """
+    try:
+        impl = AttentionImpl(impl)
+    except ValueError:
+        raise ValueError(f"attention: unknown {impl!r}; allowed: {[i.value for i in AttentionImpl]}") from None
+    on_cpu = jax.default_backend() == "cpu"
+    if impl is AttentionImpl.AUTO:
+        return AttentionImpl.NATIVE if on_cpu and native_build.available() else AttentionImpl.XLA
+    if impl is AttentionImpl.NATIVE and not (on_cpu and native_build.available()):
+        raise ValueError("attention='native' needs the CPU backend and a C++ compiler (see treegrpo_jax/native)")
+    return impl
+
+
+def decode_attention_xla(
+    q_BHD: Float[Array, "B H D"],
+    k_LSKTD: Array,
+    v_LSKTD: Array,
+    layer: Int[Array, ""],
+    slots: Int[Array, " B"],
+    lengths: Int[Array, " B"],
+    *,
+    attend_len: int | None = None,
+) -> Float[Array, "B H D"]:
+    """Reference: gather, mask keys at or past each row's length, softmax in f32.
+
+    `attend_len` bounds the span read (≥ every row's length). Rows whose slot is out of range
+    read the last slot (their output is ignored by callers).
+    """
+    _, s, k, t, d = k_LSKTD.shape
+    u = t if attend_len is None else attend_len
+    b, h, _ = q_BHD.shape
+    rows = jnp.minimum(slots, s - 1)
+    keys = jax.lax.dynamic_index_in_dim(k_LSKTD, layer, keepdims=False)[rows, :, :u].astype(jnp.float32)
+    values = jax.lax.dynamic_index_in_dim(v_LSKTD, layer, keepdims=False)[rows, :, :u].astype(jnp.float32)
+    q = q_BHD.reshape(b, k, h // k, d).astype(jnp.float32)
+    scores = jnp.einsum("bkgd,bkud->bkgu", q, keys) * (d**-0.5)
+    live = jnp.arange(u)[None, :] < lengths[:, None]  # [B, U]
+    scores = jnp.where(live[:, None, None, :], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgu,bkud->bkgd", probs, values)
+    return out.reshape(b, h, d)
+
+
+def decode_attention_native(
+    q_BHD: Float[Array, "B H D"],
+    k_LSKTD: Array,
+    v_LSKTD: Array,
+    layer: Int[Array, ""],
+    slots: Int[Array, " B"],
+    lengths: Int[Array, " B"],
+) -> Float[Array, "B H D"]:
+    """The CPU kernel: same contract; rows with an out-of-range slot or length 0 give zeros.
+
+    The caches are passed whole (no per-layer slice): inside the decoder's layer scan they are
+    the loop carry, and a custom call reads its operand buffer in place.
+    """
+    native_build.library()  # registers the FFI target (builds once if needed)
+    b, h, d = q_BHD.shape
+    call = jax.ffi.ffi_call("treegrpo_decode_attention", jax.ShapeDtypeStruct((b, h, d), jnp.float32))
+    return call(
+        q_BHD.astype(jnp.float32),
+        k_LSKTD,
+        v_LSKTD,
+        jnp.asarray(layer, jnp.int32),
+        slots.astype(jnp.int32),
+        lengths.astype(jnp.int32),
+        scale=np.float32(d**-0.5),
+    )

@@ -1,0 +1,220 @@
+// One-query (decode) attention straight out of the slot KV cache, for XLA:CPU.
+//
+// Legend: B rows, H query heads, K kv heads, G = H / K query heads per kv head, L layers,
+// S slots, T slot capacity, D head dim, n live keys of a row.
+//
+// Why a kernel: XLA:CPU runs this op pattern far below the machine's read bandwidth (it
+// materialises each row's gathered [K, T, D] keys and values and attends the whole
+// power-of-two span of the longest row). Here every (row, kv head) pair reads its slot's
+// first n keys and values exactly once, in place in the stacked [L, S, K, T, D] cache, for
+// all G query heads of its group, and the pairs are spread over XLA's intra-op threads.
+//
+// Math is f32 whatever the stored dtype (f32 or bf16); softmax is two-pass (max, then
+// exp-sum), exp is a vectorisable polynomial with ~1 ulp error. The XLA path in
+// `treegrpo_jax/model/decode_attention.py` is the reference this kernel is tested against.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// exp(x) for x <= 0 (scores minus their max): Cephes' expf polynomial after range reduction
+// by ln 2, written without branches so the compiler vectorises the loop that calls it.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline float Load(const float* p, int64_t i) { return p[i]; }
+inline float Load(const uint16_t* p, int64_t i) {  // bf16: the high half of an f32
+  const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+struct Problem {
+  const float* q;        // [B, H, D]
+  const void* k;         // [L, S, K, T, D]
+  const void* v;         // [L, S, K, T, D]
+  const int32_t* slots;  // [B]; >= S: padding row (output zeros)
+  const int32_t* lens;   // [B]; keys attended (clipped to [0, T])
+  float* out;            // [B, H, D]
+  int64_t layer, B, H, K, S, T, D;
+  float scale;
+};
+
+// One (row, kv head) pair: G query heads against n keys of one slot.
+template <typename KV, int64_t kD>
+void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scratch) {
+  const int64_t D = kD > 0 ? kD : p.D;
+  const int64_t G = p.H / p.K;
+  float* out = p.out + (b * p.H + kh * G) * D;
+  const int64_t slot = p.slots[b];
+  const int64_t n = std::clamp<int64_t>(p.lens[b], 0, p.T);
+  if (slot < 0 || slot >= p.S || n == 0) {
+    std::fill(out, out + G * D, 0.0f);
+    return;
+  }
+  const int64_t base = (((p.layer * p.S + slot) * p.K + kh) * p.T) * D;
+  const KV* keys = static_cast<const KV*>(p.k) + base;
+  const KV* values = static_cast<const KV*>(p.v) + base;
+  const float* q = p.q + (b * p.H + kh * G) * D;
+  scratch.resize(static_cast<size_t>(G * n));
+  float* scores = scratch.data();  // [G, n]
+
+  for (int64_t t = 0; t < n; ++t) {
+    const KV* __restrict kt = keys + t * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict qg = q + g * D;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t d = 0; d < D; ++d) acc += qg[d] * Load(kt, d);
+      scores[g * n + t] = acc * p.scale;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* __restrict s = scores + g * n;
+    float m = s[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < n; ++t) {
+      s[t] = ExpNonPositive(s[t] - m);
+      sum += s[t];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+  }
+  // Weighted sum of values: one pass over V, accumulators in registers per query head.
+  for (int64_t g = 0; g < G; ++g) {
+    const float* __restrict w = scores + g * n;
+    float acc[kD > 0 ? kD : 256];
+    const int64_t dd = std::min<int64_t>(D, 256);
+    for (int64_t d = 0; d < dd; ++d) acc[d] = 0.0f;
+    for (int64_t t = 0; t < n; ++t) {
+      const KV* __restrict vt = values + t * D;
+      const float wt = w[t];
+#pragma omp simd
+      for (int64_t d = 0; d < dd; ++d) acc[d] += wt * Load(vt, d);
+    }
+    for (int64_t d = 0; d < dd; ++d) out[g * D + d] = acc[d];
+  }
+}
+
+template <typename KV>
+void AttendPairAnyD(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scratch) {
+  switch (p.D) {  // fixed head dims let the compiler unroll and vectorise the dot products
+    case 32: return AttendPair<KV, 32>(p, b, kh, scratch);
+    case 64: return AttendPair<KV, 64>(p, b, kh, scratch);
+    case 128: return AttendPair<KV, 128>(p, b, kh, scratch);
+    default: return AttendPair<KV, 0>(p, b, kh, scratch);
+  }
+}
+
+// Work shared by the calling thread and the pool's threads. Held by shared_ptr: a task that
+// starts after all pairs are done (its thread was busy) finds nothing left and touches only
+// this, so the caller waits for the work to be finished, never for a task to start.
+struct Shared {
+  Problem problem;
+  bool bf16;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  int64_t total = 0;
+
+  void Work() {
+    thread_local std::vector<float> scratch;
+    int64_t finished = 0;
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+      const int64_t b = i / problem.K, kh = i % problem.K;
+      if (bf16) {
+        AttendPairAnyD<uint16_t>(problem, b, kh, scratch);
+      } else {
+        AttendPairAnyD<float>(problem, b, kh, scratch);
+      }
+      ++finished;
+    }
+    if (finished) done.fetch_add(finished, std::memory_order_release);
+  }
+};
+
+ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::Buffer<ffi::S32> layer,
+                           ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::S32> lengths,
+                           ffi::ResultBuffer<ffi::F32> out, float scale) {
+  const auto qd = q.dimensions();
+  const auto kd = k.dimensions();
+  if (qd.size() != 3 || kd.size() != 5) {
+    return ffi::Error::InvalidArgument("decode_attention: q must be [B, H, D], k/v [L, S, K, T, D]");
+  }
+  if (k.element_type() != v.element_type() || k.dimensions().size() != v.dimensions().size() ||
+      (k.element_type() != ffi::F32 && k.element_type() != ffi::BF16)) {
+    return ffi::Error::InvalidArgument("decode_attention: k and v must both be float32 or bfloat16");
+  }
+  for (size_t i = 0; i < 5; ++i) {
+    if (kd[i] != v.dimensions()[i]) return ffi::Error::InvalidArgument("decode_attention: k/v shapes differ");
+  }
+  auto shared = std::make_shared<Shared>();
+  Problem& p = shared->problem;
+  p.B = qd[0], p.H = qd[1], p.D = qd[2];
+  p.S = kd[1], p.K = kd[2], p.T = kd[3];
+  if (kd[4] != p.D || p.H % p.K != 0 || slots.element_count() != p.B ||
+      lengths.element_count() != p.B) {
+    return ffi::Error::InvalidArgument("decode_attention: inconsistent q / cache / slots / lengths shapes");
+  }
+  p.layer = layer.typed_data()[0];
+  if (p.layer < 0 || p.layer >= kd[0]) return ffi::Error::InvalidArgument("decode_attention: layer out of range");
+  p.q = q.typed_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.slots = slots.typed_data();
+  p.lens = lengths.typed_data();
+  p.out = out->typed_data();
+  p.scale = scale;
+  shared->bf16 = k.element_type() == ffi::BF16;
+  shared->total = p.B * p.K;
+
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), shared->total) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->Work(); });
+  shared->Work();
+  while (shared->done.load(std::memory_order_acquire) < shared->total) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TreegrpoDecodeAttention, DecodeAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // q [B, H, D]
+                                  .Arg<ffi::AnyBuffer>()          // k [L, S, K, T, D]
+                                  .Arg<ffi::AnyBuffer>()          // v [L, S, K, T, D]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer []
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // slots [B]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // lengths [B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // out [B, H, D]
+                                  .Attr<float>("scale"));
