@@ -10,13 +10,10 @@ Two implementations of one contract — row b attends the first `lengths[b]` key
   * `native`: the CPU kernel of `treegrpo_jax/native/decode_attention.cc` through the XLA
     FFI, which reads each row's live keys once, in place, for its whole GQA group.
 
-`resolve(impl)` picks one: `auto` is `native` on a CPU backend where the kernel builds,
-else `xla`.
+Which one runs is `treegrpo_jax.native.Kernels`, resolved once per engine.
 """
 
 from __future__ import annotations
-
-import enum
 
 import jax
 import jax.numpy as jnp
@@ -26,29 +23,6 @@ from jaxtyping import Array, Float, Int
 from treegrpo_jax.native import build as native_build
 
 _NEG_INF = -1e30
-
-
-class AttentionImpl(enum.StrEnum):
-    AUTO = "auto"
-    XLA = "xla"
-    NATIVE = "native"
-
-
-def resolve(impl: AttentionImpl | str) -> AttentionImpl:
-    """`auto` → `native` on CPU when the kernel library is available, else `xla`.
-
-    Raises ValueError for an unknown name, and when `native` is asked for where it cannot run.
-    """
-    try:
-        impl = AttentionImpl(impl)
-    except ValueError:
-        raise ValueError(f"attention: unknown {impl!r}; allowed: {[i.value for i in AttentionImpl]}") from None
-    on_cpu = jax.default_backend() == "cpu"
-    if impl is AttentionImpl.AUTO:
-        return AttentionImpl.NATIVE if on_cpu and native_build.available() else AttentionImpl.XLA
-    if impl is AttentionImpl.NATIVE and not (on_cpu and native_build.available()):
-        raise ValueError("attention='native' needs the CPU backend and a C++ compiler (see treegrpo_jax/native)")
-    return impl
 
 
 def decode_attention_xla(

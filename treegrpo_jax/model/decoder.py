@@ -28,7 +28,8 @@ from treegrpo_jax.model import rope
 from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
 from treegrpo_jax.model.cache import KVCache
 from treegrpo_jax.model.config import ModelConfig
-from treegrpo_jax.model.decode_attention import AttentionImpl, decode_attention_native
+from treegrpo_jax.model.decode_attention import decode_attention_native
+from treegrpo_jax.native import Kernels
 
 _NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
 
@@ -211,7 +212,7 @@ class Decoder(nnx.Module):
         slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
         all_logits: bool = False,
-        attention: AttentionImpl = AttentionImpl.XLA,
+        kernels: Kernels = Kernels.XLA,
     ) -> tuple[Array, KVCache]:
         """Appends `tokens[b, :chunk_lens[b]]` to slot `slots[b]` at that slot's own offset.
 
@@ -225,9 +226,9 @@ class Decoder(nnx.Module):
             length); attention then reads only the first `attend_len` positions.
           all_logits: return [B, C, V] logits for every chunk position instead of only
             the last appended one ([B, V]; garbage for rows with chunk_lens == 0).
-          attention: for one-token chunks (decode), `native` reads each row's live keys in
+          kernels: for one-token chunks (decode), `native` reads each row's live keys in
             place with the CPU kernel (`decode_attention.py`); `xla` gathers a masked span.
-            Resolve `auto` first (`decode_attention.resolve`).
+            Resolve `auto` first (`treegrpo_jax.native.resolve`).
 
         Returns:
           (logits, updated cache).
@@ -245,9 +246,9 @@ class Decoder(nnx.Module):
         sees = jnp.arange(u)[None, None, :] <= positions[:, :, None]  # [B, C, U]
         bias = mask_bias(sees)[:, None, None]
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
-        if attention is AttentionImpl.AUTO:
-            raise ValueError("Decoder.append: resolve attention='auto' first (decode_attention.resolve)")
-        native = attention is AttentionImpl.NATIVE and c == 1
+        if kernels is Kernels.AUTO:
+            raise ValueError("Decoder.append: resolve kernels='auto' first (treegrpo_jax.native.resolve)")
+        native = kernels is Kernels.NATIVE and c == 1
         # Keys each row attends after its write: its new length (0 for rows that write nothing).
         live_lens = jnp.where(chunk_lens > 0, positions[:, 0] + 1, 0)
 
@@ -287,7 +288,7 @@ class Decoder(nnx.Module):
         *,
         slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
-        attention: AttentionImpl = AttentionImpl.XLA,
+        kernels: Kernels = Kernels.XLA,
     ) -> tuple[Float[Array, "B V"], KVCache]:
         """One token for every active row (into its slot); inactive rows leave the cache untouched."""
         return self.append(
@@ -296,7 +297,7 @@ class Decoder(nnx.Module):
             cache,
             slots=slots,
             attend_len=attend_len,
-            attention=attention,
+            kernels=kernels,
         )
 
 

@@ -26,7 +26,8 @@ import jax
 log = logging.getLogger(__name__)
 
 _HERE = pathlib.Path(__file__).resolve().parent
-SOURCES = ("decode_attention.cc",)
+SOURCES = ("decode_attention.cc", "sampling.cc")
+HEADERS = ("common.h",)
 # -fopenmp-simd honours `#pragma omp simd` (vectorised reductions) without OpenMP threads:
 # the kernels use XLA's own intra-op thread pool.
 FLAGS = (
@@ -59,7 +60,7 @@ def _cpu_flags() -> str:
 
 def _key(compiler: str) -> str:
     h = hashlib.sha256()
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         h.update((_HERE / src).read_bytes())
     h.update(" ".join((compiler, *FLAGS, jax.ffi.include_dir(), jax.__version__, _cpu_flags())).encode())
     return h.hexdigest()[:16]
@@ -93,6 +94,9 @@ def build(verbose: bool = False) -> pathlib.Path | None:
                 print(" ".join(cmd), file=sys.stderr)
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             tmp_path.replace(d / name)
+            for old in d.glob("libtreegrpo_native_*.so"):  # builds for other sources or machines
+                if old.name != name:
+                    old.unlink(missing_ok=True)
             return d / name
         except (OSError, subprocess.CalledProcessError) as e:
             tmp_path.unlink(missing_ok=True) if "tmp_path" in locals() else None
@@ -108,9 +112,8 @@ def library() -> ctypes.CDLL | None:
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
-    jax.ffi.register_ffi_target(
-        "treegrpo_decode_attention", jax.ffi.pycapsule(lib.TreegrpoDecodeAttention), platform="cpu"
-    )
+    for name, symbol in (("treegrpo_decode_attention", "TreegrpoDecodeAttention"), ("treegrpo_sample", "TreegrpoSample")):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib
 
 

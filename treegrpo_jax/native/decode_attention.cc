@@ -14,38 +14,18 @@
 // `treegrpo_jax/model/decode_attention.py` is the reference this kernel is tested against.
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// exp(x) for x <= 0 (scores minus their max): Cephes' expf polynomial after range reduction
-// by ln 2, written without branches so the compiler vectorises the loop that calls it.
-inline float ExpNonPositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+constexpr int64_t kMaxHeadDim = 256;
 
 inline float Load(const float* p, int64_t i) { return p[i]; }
 inline float Load(const uint16_t* p, int64_t i) {  // bf16: the high half of an f32
@@ -103,7 +83,7 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < n; ++t) {
-      s[t] = ExpNonPositive(s[t] - m);
+      s[t] = treegrpo::ExpNonPositive(s[t] - m);
       sum += s[t];
     }
     const float inv = 1.0f / sum;
@@ -113,8 +93,8 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
   // Weighted sum of values: one pass over V, accumulators in registers per query head.
   for (int64_t g = 0; g < G; ++g) {
     const float* __restrict w = scores + g * n;
-    float acc[kD > 0 ? kD : 256];
-    const int64_t dd = std::min<int64_t>(D, 256);
+    float acc[kD > 0 ? kD : kMaxHeadDim];
+    const int64_t dd = D;
     for (int64_t d = 0; d < dd; ++d) acc[d] = 0.0f;
     for (int64_t t = 0; t < n; ++t) {
       const KV* __restrict vt = values + t * D;
@@ -136,32 +116,6 @@ void AttendPairAnyD(const Problem& p, int64_t b, int64_t kh, std::vector<float>&
   }
 }
 
-// Work shared by the calling thread and the pool's threads. Held by shared_ptr: a task that
-// starts after all pairs are done (its thread was busy) finds nothing left and touches only
-// this, so the caller waits for the work to be finished, never for a task to start.
-struct Shared {
-  Problem problem;
-  bool bf16;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t total = 0;
-
-  void Work() {
-    thread_local std::vector<float> scratch;
-    int64_t finished = 0;
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
-      const int64_t b = i / problem.K, kh = i % problem.K;
-      if (bf16) {
-        AttendPairAnyD<uint16_t>(problem, b, kh, scratch);
-      } else {
-        AttendPairAnyD<float>(problem, b, kh, scratch);
-      }
-      ++finished;
-    }
-    if (finished) done.fetch_add(finished, std::memory_order_release);
-  }
-};
-
 ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
                            ffi::AnyBuffer v, ffi::Buffer<ffi::S32> layer,
                            ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::S32> lengths,
@@ -178,8 +132,7 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
   for (size_t i = 0; i < 5; ++i) {
     if (kd[i] != v.dimensions()[i]) return ffi::Error::InvalidArgument("decode_attention: k/v shapes differ");
   }
-  auto shared = std::make_shared<Shared>();
-  Problem& p = shared->problem;
+  Problem p;
   p.B = qd[0], p.H = qd[1], p.D = qd[2];
   p.S = kd[1], p.K = kd[2], p.T = kd[3];
   if (kd[4] != p.D || p.H % p.K != 0 || slots.element_count() != p.B ||
@@ -195,13 +148,18 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
   p.lens = lengths.typed_data();
   p.out = out->typed_data();
   p.scale = scale;
-  shared->bf16 = k.element_type() == ffi::BF16;
-  shared->total = p.B * p.K;
-
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), shared->total) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->Work(); });
-  shared->Work();
-  while (shared->done.load(std::memory_order_acquire) < shared->total) std::this_thread::yield();
+  if (p.D > kMaxHeadDim) return ffi::Error::InvalidArgument("decode_attention: head dim above 256");
+  const bool bf16 = k.element_type() == ffi::BF16;
+  // One work item per (row, kv head): its keys and values are read once for the whole group.
+  treegrpo::ParallelFor(pool, p.B * p.K, [&p, bf16](int64_t i) {
+    thread_local std::vector<float> scratch;
+    const int64_t b = i / p.K, kh = i % p.K;
+    if (bf16) {
+      AttendPairAnyD<uint16_t>(p, b, kh, scratch);
+    } else {
+      AttendPairAnyD<float>(p, b, kh, scratch);
+    }
+  });
   return ffi::Error::Success();
 }
 

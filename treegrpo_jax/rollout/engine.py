@@ -27,8 +27,8 @@ import numpy as np
 from flax import nnx
 
 from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
-from treegrpo_jax.model.decode_attention import AttentionImpl, resolve
 from treegrpo_jax.model.decoder import Decoder
+from treegrpo_jax.native import Kernels, resolve
 from treegrpo_jax.rollout import stops as stops_lib
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
 
@@ -83,7 +83,7 @@ def _append(graphdef, state, cache: KVCache, tokens, chunk_lens, slots):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots", "attention"),
+    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots", "kernels"),
     donate_argnames=("cache",),
 )
 def _decode(
@@ -102,7 +102,7 @@ def _decode(
     num_steps,
     attend_len,
     rows_are_slots=False,
-    attention=AttentionImpl.XLA,
+    kernels=Kernels.XLA,
 ):
     model = nnx.merge(graphdef, state)
     b = pending.shape[0]
@@ -118,13 +118,13 @@ def _decode(
     def body(carry):
         step, cache, pending, active, out_tok, out_logp, count, eos_hit, ctx_hit, window, stop_hit = carry
         logits, cache = model.decode(
-            pending, cache, active, slots=model_slots, attend_len=attend_len, attention=attention
+            pending, cache, active, slots=model_slots, attend_len=attend_len, kernels=kernels
         )
         lengths = cache.lengths[row_slots]
         # Fold the write position into the row's key: a row's stream depends only on its own
         # key and history, not on which other rows share the batch.
         step_keys = jax.vmap(jax.random.fold_in)(keys, lengths)
-        tok, logp = sample(logits, step_keys, sampling)
+        tok, logp = sample(logits, step_keys, sampling, kernels=kernels)
         out_tok = out_tok.at[:, step].set(jnp.where(active, tok, 0))
         out_logp = out_logp.at[:, step].set(jnp.where(active, logp, 0.0))
         count = count + active
@@ -182,12 +182,12 @@ class Engine:
         stop_table: stops_lib.StopTable | None = None,
         min_chunk: int = 16,
         min_rows: int = 1,
-        attention: AttentionImpl | str = AttentionImpl.AUTO,
+        kernels: Kernels | str = Kernels.AUTO,
     ):
         if num_slots <= 0 or max_len <= 1:
             raise ValueError(f"Engine needs num_slots > 0 and max_len > 1, got {num_slots}, {max_len}")
-        # Decode attention: the CPU kernel where it runs (reads live keys only, in place), else XLA.
-        self.attention = resolve(attention)
+        # Decode attention and sampling: the CPU kernels where they run, else the XLA references.
+        self.kernels = resolve(kernels)
         self.graphdef, self.state = nnx.split(model)
         self.cfg = model.cfg
         self.num_slots, self.max_len = num_slots, max_len
@@ -338,7 +338,7 @@ class Engine:
             num_steps=steps,
             attend_len=attend,
             rows_are_slots=b == self.num_slots and bool(np.array_equal(rows, np.arange(b))),
-            attention=self.attention,
+            kernels=self.kernels,
         )
         self.cache, new_pending, tok, logp, count, eos_hit, ctx_hit, stop_hit = out
         count = np.asarray(count)[:n]

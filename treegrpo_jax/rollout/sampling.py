@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from treegrpo_jax.native import Kernels, build
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +65,29 @@ def _filtered_logits(logits: Float[Array, "S V"], params: SamplingParams) -> Arr
     return jnp.where(logits >= threshold, logits, -jnp.inf)
 
 
+def first_argmax(x: Float[Array, "S V"]) -> Int[Array, " S"]:
+    """`jnp.argmax(x, -1)` (the first maximum) as a max and a min-reduce.
+
+    XLA:CPU runs argmax's (value, index) reduction scalar: 1.2 ms for 128 x 4096 against
+    0.33 ms for these two vectorised reductions.
+    """
+    v = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(x == top, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+
+
+def _sample_native(logits: Float[Array, "S V"], keys: Array, params: SamplingParams):
+    """The CPU kernel (`treegrpo_jax/native/sampling.cc`): tokens and log-probs in O(V), no sort."""
+    build.library()  # registers the FFI target (builds once if needed)
+    u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
+    b = params.greedy.shape[0]
+    out = (jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.float32))
+    call = jax.ffi.ffi_call("treegrpo_sample", out)
+    return call(logits.astype(jnp.float32), params.temperature, params.top_p, params.top_k, params.greedy, u)
+
+
 def sample(
-    logits: Float[Array, "S V"], keys: Array, params: SamplingParams
+    logits: Float[Array, "S V"], keys: Array, params: SamplingParams, *, kernels: Kernels = Kernels.XLA
 ) -> tuple[Int[Array, " S"], Float[Array, " S"]]:
     """Samples one token per row.
 
@@ -77,13 +100,20 @@ def sample(
       logits: f32 logits.
       keys: one PRNG key per row ([S] typed keys).
       params: per-row knobs.
+      kernels: `native` draws with the CPU kernel (O(V), no sort); `xla` is the reference
+        below (a sort per row whenever a row filters). Same tokens but where a uniform lands
+        within float rounding of a cumulative-mass boundary (tests/rollout/test_sampling.py).
 
     Returns:
       (tokens, log-probs of the tokens under softmax(logits / temperature)).
     """
+    if kernels is Kernels.AUTO:
+        raise ValueError("sample: resolve kernels='auto' first (treegrpo_jax.native.resolve)")
+    if kernels is Kernels.NATIVE:
+        return _sample_native(logits, keys, params)
     scaled = logits / params.temperature[:, None]
     logp = jax.nn.log_softmax(scaled, axis=-1)
-    greedy_tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy_tok = first_argmax(logits)
 
     def draw():
         needs_filter = jnp.any((params.top_k > 0) | (params.top_p < 1.0))

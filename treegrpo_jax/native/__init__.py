@@ -1,0 +1,44 @@
+"""CPU kernels (C++ through the XLA FFI) and the switch between them and their XLA references.
+
+Legend: see each kernel's source. This package imports nothing of ours: `model/` and
+`rollout/` call into it.
+
+Every kernel here has an XLA implementation of the same contract next to its caller; that
+one is the reference the kernel is tested against, and the path on GPU / TPU or where no
+compiler is present. `Kernels.AUTO` picks the kernel on a CPU backend when it builds.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import jax
+
+from treegrpo_jax.native import build
+
+
+class Kernels(enum.StrEnum):
+    AUTO = "auto"  # native on CPU when the library builds, else xla
+    XLA = "xla"  # the XLA references (any backend)
+    NATIVE = "native"  # the CPU kernels; an error where they cannot run
+
+
+def resolve(kernels: Kernels | str) -> Kernels:
+    """`auto` → `native` or `xla` for this process; validates a name given as text.
+
+    Raises:
+      ValueError: an unknown name, or `native` where the CPU kernels cannot run.
+    """
+    try:
+        kernels = Kernels(kernels)
+    except ValueError:
+        raise ValueError(f"kernels: unknown {kernels!r}; allowed: {[k.value for k in Kernels]}") from None
+    usable = jax.default_backend() == "cpu" and build.available()
+    if kernels is Kernels.AUTO:
+        return Kernels.NATIVE if usable else Kernels.XLA
+    if kernels is Kernels.NATIVE and not usable:
+        raise ValueError("kernels='native' needs the CPU backend and a C++ compiler (treegrpo_jax/native)")
+    return kernels
+
+
+__all__ = ["Kernels", "resolve", "build"]
