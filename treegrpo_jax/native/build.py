@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 _HERE = pathlib.Path(__file__).resolve().parent
 SOURCES = ("decode_attention.cc", "sampling.cc")
 HEADERS = ("common.h",)
+TARGETS = {  # FFI target name -> exported handler symbol
+    "treegrpo_decode_attention": "TreegrpoDecodeAttention",
+    "treegrpo_sample": "TreegrpoSample",
+}
 # -fopenmp-simd honours `#pragma omp simd` (vectorised reductions) without OpenMP threads:
 # the kernels use XLA's own intra-op thread pool.
 FLAGS = (
@@ -38,7 +42,11 @@ FLAGS = (
     "-fassociative-math",
     "-fno-signed-zeros",
     "-fno-trapping-math",
-    "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
+    "-fno-math-errno",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+)
 
 
 def _compiler() -> str | None:
@@ -70,6 +78,25 @@ def _cache_dirs() -> list[pathlib.Path]:
     return [_HERE / "_build", pathlib.Path.home() / ".cache" / "treegrpo_jax" / "native"]
 
 
+def _compile(compiler: str, out_dir: pathlib.Path, name: str, verbose: bool) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Compile to a temporary name and rename: a killed build never leaves a library that a
+    # later process would load half-written.
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *(str(_HERE / s) for s in SOURCES), "-o", tmp]
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(tmp, out_dir / name)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+    for old in out_dir.glob("libtreegrpo_native_*.so"):  # builds of other sources or machines
+        if old.name != name:
+            old.unlink(missing_ok=True)
+
+
 def build(verbose: bool = False) -> pathlib.Path | None:
     """Compiles the kernels if no up-to-date library exists; returns its path (None: no compiler)."""
     compiler = _compiler()
@@ -83,23 +110,9 @@ def build(verbose: bool = False) -> pathlib.Path | None:
     errors = []
     for d in _cache_dirs():
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            # Compile to a temporary name and rename: a killed build never leaves a library
-            # that a later process would load half-written.
-            with tempfile.NamedTemporaryFile(dir=d, suffix=".so", delete=False) as tmp:
-                tmp_path = pathlib.Path(tmp.name)
-            cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *(str(_HERE / s) for s in SOURCES)]
-            cmd += ["-o", str(tmp_path)]
-            if verbose:
-                print(" ".join(cmd), file=sys.stderr)
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-            tmp_path.replace(d / name)
-            for old in d.glob("libtreegrpo_native_*.so"):  # builds for other sources or machines
-                if old.name != name:
-                    old.unlink(missing_ok=True)
+            _compile(compiler, d, name, verbose)
             return d / name
         except (OSError, subprocess.CalledProcessError) as e:
-            tmp_path.unlink(missing_ok=True) if "tmp_path" in locals() else None
             errors.append(f"{d}: {getattr(e, 'stderr', '') or e}")
     log.warning("building the CPU kernels failed, using the XLA paths:\n%s", "\n".join(errors))
     return None
@@ -112,7 +125,7 @@ def library() -> ctypes.CDLL | None:
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
-    for name, symbol in (("treegrpo_decode_attention", "TreegrpoDecodeAttention"), ("treegrpo_sample", "TreegrpoSample")):
+    for name, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib
 
