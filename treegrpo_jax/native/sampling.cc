@@ -148,12 +148,15 @@ void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
     hi = std::max(hi, x[i]);
     lo = std::min(lo, x[i]);
   }
-  float z = 0.0f;
-#pragma omp simd reduction(+ : z)
+  // The normaliser in f64: near-one-hot rows add thousands of terms far below f32's spacing
+  // at 1, which an f32 sum drops (log-prob errors of ~1e-5 against XLA's tree reduction).
+  double zd = 0.0;
+#pragma omp simd reduction(+ : zd)
   for (int64_t i = 0; i < V; ++i) {
     e[i] = treegrpo::ExpNonPositive(x[i] - hi);
-    z += e[i];
+    zd += e[i];
   }
+  const float z = static_cast<float>(zd);
   int32_t tok = 0;
   if (r.greedy) {  // the first maximum of the raw logits (as argmax)
     float best = raw[0];
@@ -199,17 +202,17 @@ void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
     while (e[tok] == 0.0f && tok > 0) --tok;  // never a token outside the kept set
   }
   *token = tok;
-  *logp = (x[tok] - hi) - std::log(z);
+  *logp = static_cast<float>(static_cast<double>(x[tok] - hi) - std::log(zd));
 }
 
 ffi::Error Sample(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> temperature,
                   ffi::Buffer<ffi::F32> top_p, ffi::Buffer<ffi::S32> top_k, ffi::Buffer<ffi::PRED> greedy,
                   ffi::Buffer<ffi::F32> u, ffi::ResultBuffer<ffi::S32> tokens,
                   ffi::ResultBuffer<ffi::F32> logps) {
+  // Any leading dims are rows (vmap adds one): [..., V] logits, [...] per-row arrays.
   const auto d = logits.dimensions();
-  if (d.size() != 2) return ffi::Error::InvalidArgument("sample: logits must be [B, V]");
-  const int64_t B = d[0], V = d[1];
-  if (V <= 0) return ffi::Error::InvalidArgument("sample: empty vocabulary");
+  if (d.size() < 1 || d.back() <= 0) return ffi::Error::InvalidArgument("sample: logits must be [..., V], V > 0");
+  const int64_t V = d.back(), B = logits.element_count() / V;
   for (int64_t n : {temperature.element_count(), top_p.element_count(), top_k.element_count(),
                     greedy.element_count(), u.element_count()}) {
     if (n != B) return ffi::Error::InvalidArgument("sample: per-row arrays must have B entries");

@@ -80,9 +80,10 @@ def _sample_native(logits: Float[Array, "S V"], keys: Array, params: SamplingPar
     """The CPU kernel (`treegrpo_jax/native/sampling.cc`): tokens and log-probs in O(V), no sort."""
     build.library()  # registers the FFI target (builds once if needed)
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
-    b = params.greedy.shape[0]
-    out = (jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.float32))
-    call = jax.ffi.ffi_call("treegrpo_sample", out)
+    rows = params.greedy.shape
+    out = (jax.ShapeDtypeStruct(rows, jnp.int32), jax.ShapeDtypeStruct(rows, jnp.float32))
+    # Rows are independent, so a vmapped call is the same kernel over more rows.
+    call = jax.ffi.ffi_call("treegrpo_sample", out, vmap_method="broadcast_all")
     return call(logits.astype(jnp.float32), params.temperature, params.top_p, params.top_k, params.greedy, u)
 
 
