@@ -157,13 +157,13 @@ def test_slots_allocate_free_and_reuse(model):
 
 
 @pytest.mark.skipif(not build.available(), reason="CPU kernels not built (no compiler)")
-@pytest.mark.parametrize("greedy", [True, False])
-def test_native_kernels_engine_equals_xla_engine(model, greedy):
+@pytest.mark.parametrize(("greedy", "kv_dtype"), [(True, "float32"), (False, "float32"), (False, "bfloat16")])
+def test_native_kernels_engine_equals_xla_engine(model, greedy, kv_dtype):
     """The same tree (prefill, decode, fork from a prefix, observation, decode) on both paths:
     identical tokens, log-probs to rounding; sampled rows use top-k and top-p."""
     runs = {}
     for kernels in ("xla", "native"):
-        eng = Engine(model, num_slots=6, max_len=64, kernels=kernels)
+        eng = Engine(model, num_slots=6, max_len=64, kernels=kernels, kv_dtype=kv_dtype)
         sp = SamplingParams.make(4, temperature=0.9, top_p=0.9, top_k=[0, 20, 5, 0], greedy=greedy)
         keys = jax.random.split(jax.random.key(5), 4)
         eng.append({0: [3, 1, 4, 1, 5], 1: [9, 2, 6, 5, 3, 5, 8, 9, 7]})
@@ -181,3 +181,22 @@ def test_native_kernels_engine_equals_xla_engine(model, greedy):
 
 def _rows(sp: SamplingParams, n: int) -> SamplingParams:
     return jax.tree.map(lambda x: x[:n], sp)
+
+
+def test_bf16_kv_cache_is_close_to_f32_and_a_bad_dtype_is_refused(model):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    out = {}
+    for kv in ("float32", "bfloat16"):
+        eng = Engine(model, num_slots=1, max_len=48, kv_dtype=kv)
+        eng.append({0: prompt})
+        out[kv] = eng.decode(
+            [0],
+            max_new_tokens=12,
+            sampling=SamplingParams.make(1, greedy=True),
+            keys=jax.random.split(jax.random.key(0), 1),
+        )
+    assert eng.cache.k.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(out["bfloat16"].tokens, out["float32"].tokens)
+    np.testing.assert_allclose(out["bfloat16"].logprobs, out["float32"].logprobs, atol=2e-2)
+    with pytest.raises(ValueError, match="kv_dtype='float16'; allowed: float32, bfloat16"):
+        Engine(model, num_slots=1, max_len=8, kv_dtype="float16")

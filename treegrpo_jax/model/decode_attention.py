@@ -57,26 +57,44 @@ def decode_attention_xla(
 
 def decode_attention_native(
     q_BHD: Float[Array, "B H D"],
+    k_new_BKD: Float[Array, "B K D"],
+    v_new_BKD: Float[Array, "B K D"],
     k_LSKTD: Array,
     v_LSKTD: Array,
     layer: Int[Array, ""],
     slots: Int[Array, " B"],
+    write_pos: Int[Array, " B"],
     lengths: Int[Array, " B"],
-) -> Float[Array, "B H D"]:
-    """The CPU kernel: same contract; rows with an out-of-range slot or length 0 give zeros.
+) -> tuple[Float[Array, "B H D"], Array, Array]:
+    """The CPU kernel: writes each row's new key/value at `write_pos[b]` (≥ T: none), then
+    attends as `decode_attention_xla`; returns (out, k cache, v cache).
 
-    The caches are passed whole (no per-layer slice): inside the decoder's layer scan they are
-    the loop carry, and a custom call reads its operand buffer in place.
+    The caches are passed whole and come back aliased (updated in place): inside the
+    decoder's layer scan they are the loop carry, so neither a per-layer slice nor a scatter
+    (which XLA:CPU runs on bf16 by converting the whole operand to f32) touches the pool.
+    Rows with an out-of-range slot or length 0 give zeros.
     """
     native_build.library()  # registers the FFI target (builds once if needed)
     b, h, d = q_BHD.shape
-    call = jax.ffi.ffi_call("treegrpo_decode_attention", jax.ShapeDtypeStruct((b, h, d), jnp.float32))
+    call = jax.ffi.ffi_call(
+        "treegrpo_decode_attention",
+        (
+            jax.ShapeDtypeStruct((b, h, d), jnp.float32),
+            jax.ShapeDtypeStruct(k_LSKTD.shape, k_LSKTD.dtype),
+            jax.ShapeDtypeStruct(v_LSKTD.shape, v_LSKTD.dtype),
+        ),
+        input_output_aliases={3: 1, 4: 2},
+    )
+    i32 = jnp.int32
     return call(
         q_BHD.astype(jnp.float32),
+        k_new_BKD.astype(jnp.float32),
+        v_new_BKD.astype(jnp.float32),
         k_LSKTD,
         v_LSKTD,
-        jnp.asarray(layer, jnp.int32),
-        slots.astype(jnp.int32),
-        lengths.astype(jnp.int32),
+        jnp.asarray(layer, i32),
+        slots.astype(i32),
+        write_pos.astype(i32),
+        lengths.astype(i32),
         scale=np.float32(d**-0.5),
     )

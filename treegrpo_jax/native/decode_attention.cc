@@ -116,48 +116,86 @@ void AttendPairAnyD(const Problem& p, int64_t b, int64_t kh, std::vector<float>&
   }
 }
 
-ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
-                           ffi::AnyBuffer v, ffi::Buffer<ffi::S32> layer,
-                           ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::S32> lengths,
-                           ffi::ResultBuffer<ffi::F32> out, float scale) {
+// f32 -> bf16 with round-to-nearest-even, as XLA's convert (NaN stays a quiet NaN).
+inline uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline void Store(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void Store(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = ToBf16(src[i]);
+}
+
+// Writes row b's new key and value of kv head kh at its position (if any), then attends.
+template <typename KV>
+void WriteThenAttend(const Problem& p, const float* k_new, const float* v_new, const int32_t* write_pos,
+                     int64_t b, int64_t kh, std::vector<float>& scratch) {
+  const int64_t slot = p.slots[b], pos = write_pos[b];
+  if (slot >= 0 && slot < p.S && pos >= 0 && pos < p.T) {
+    const int64_t at = ((((p.layer * p.S + slot) * p.K + kh) * p.T) + pos) * p.D;
+    const int64_t from = (b * p.K + kh) * p.D;
+    Store(static_cast<KV*>(const_cast<void*>(p.k)) + at, k_new + from, p.D);
+    Store(static_cast<KV*>(const_cast<void*>(p.v)) + at, v_new + from, p.D);
+  }
+  AttendPairAnyD<KV>(p, b, kh, scratch);
+}
+
+// The cache results alias the cache operands (input_output_aliases in the caller): the new
+// key and value are written in place and the pool is never copied.
+ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_new,
+                           ffi::Buffer<ffi::F32> v_new, ffi::AnyBuffer k_in, ffi::AnyBuffer v_in,
+                           ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> slots,
+                           ffi::Buffer<ffi::S32> write_pos, ffi::Buffer<ffi::S32> lengths,
+                           ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> k,
+                           ffi::Result<ffi::AnyBuffer> v, float scale) {
   const auto qd = q.dimensions();
-  const auto kd = k.dimensions();
+  const auto kd = k->dimensions();
   if (qd.size() != 3 || kd.size() != 5) {
     return ffi::Error::InvalidArgument("decode_attention: q must be [B, H, D], k/v [L, S, K, T, D]");
   }
-  if (k.element_type() != v.element_type() || k.dimensions().size() != v.dimensions().size() ||
-      (k.element_type() != ffi::F32 && k.element_type() != ffi::BF16)) {
+  if (k->element_type() != v->element_type() || v->dimensions().size() != 5 ||
+      (k->element_type() != ffi::F32 && k->element_type() != ffi::BF16)) {
     return ffi::Error::InvalidArgument("decode_attention: k and v must both be float32 or bfloat16");
   }
   for (size_t i = 0; i < 5; ++i) {
-    if (kd[i] != v.dimensions()[i]) return ffi::Error::InvalidArgument("decode_attention: k/v shapes differ");
+    if (kd[i] != v->dimensions()[i]) return ffi::Error::InvalidArgument("decode_attention: k/v shapes differ");
+  }
+  if (k->untyped_data() != k_in.untyped_data() || v->untyped_data() != v_in.untyped_data()) {
+    return ffi::Error::Internal("decode_attention: the cache results must alias the cache operands");
   }
   Problem p;
   p.B = qd[0], p.H = qd[1], p.D = qd[2];
   p.S = kd[1], p.K = kd[2], p.T = kd[3];
-  if (kd[4] != p.D || p.H % p.K != 0 || slots.element_count() != p.B ||
-      lengths.element_count() != p.B) {
+  if (kd[4] != p.D || p.H % p.K != 0 || slots.element_count() != p.B || lengths.element_count() != p.B ||
+      write_pos.element_count() != p.B || k_new.element_count() != p.B * p.K * p.D ||
+      v_new.element_count() != p.B * p.K * p.D) {
     return ffi::Error::InvalidArgument("decode_attention: inconsistent q / cache / slots / lengths shapes");
   }
   p.layer = layer.typed_data()[0];
   if (p.layer < 0 || p.layer >= kd[0]) return ffi::Error::InvalidArgument("decode_attention: layer out of range");
+  if (p.D > kMaxHeadDim) return ffi::Error::InvalidArgument("decode_attention: head dim above 256");
   p.q = q.typed_data();
-  p.k = k.untyped_data();
-  p.v = v.untyped_data();
+  p.k = k->untyped_data();
+  p.v = v->untyped_data();
   p.slots = slots.typed_data();
   p.lens = lengths.typed_data();
   p.out = out->typed_data();
   p.scale = scale;
-  if (p.D > kMaxHeadDim) return ffi::Error::InvalidArgument("decode_attention: head dim above 256");
-  const bool bf16 = k.element_type() == ffi::BF16;
+  const bool bf16 = k->element_type() == ffi::BF16;
+  const float* kn = k_new.typed_data();
+  const float* vn = v_new.typed_data();
+  const int32_t* wp = write_pos.typed_data();
   // One work item per (row, kv head): its keys and values are read once for the whole group.
-  treegrpo::ParallelFor(pool, p.B * p.K, [&p, bf16](int64_t i) {
+  treegrpo::ParallelFor(pool, p.B * p.K, [&](int64_t i) {
     thread_local std::vector<float> scratch;
     const int64_t b = i / p.K, kh = i % p.K;
     if (bf16) {
-      AttendPairAnyD<uint16_t>(p, b, kh, scratch);
+      WriteThenAttend<uint16_t>(p, kn, vn, wp, b, kh, scratch);
     } else {
-      AttendPairAnyD<float>(p, b, kh, scratch);
+      WriteThenAttend<float>(p, kn, vn, wp, b, kh, scratch);
     }
   });
   return ffi::Error::Success();
@@ -169,10 +207,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TreegrpoDecodeAttention, DecodeAttention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q [B, H, D]
-                                  .Arg<ffi::AnyBuffer>()          // k [L, S, K, T, D]
-                                  .Arg<ffi::AnyBuffer>()          // v [L, S, K, T, D]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // new keys [B, K, D]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // new values [B, K, D]
+                                  .Arg<ffi::AnyBuffer>()          // k cache [L, S, K, T, D]
+                                  .Arg<ffi::AnyBuffer>()          // v cache [L, S, K, T, D]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer []
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // slots [B]
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // lengths [B]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // slots [B] (>= S: padding)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // write positions [B] (>= T: none)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // keys attended [B]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [B, H, D]
+                                  .Ret<ffi::AnyBuffer>()          // k cache, aliased
+                                  .Ret<ffi::AnyBuffer>()          // v cache, aliased
                                   .Attr<float>("scale"));

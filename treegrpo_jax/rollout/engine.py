@@ -183,6 +183,7 @@ class Engine:
         min_chunk: int = 16,
         min_rows: int = 1,
         kernels: Kernels | str = Kernels.AUTO,
+        kv_dtype: str | None = None,
     ):
         if num_slots <= 0 or max_len <= 1:
             raise ValueError(f"Engine needs num_slots > 0 and max_len > 1, got {num_slots}, {max_len}")
@@ -194,7 +195,12 @@ class Engine:
         self.min_chunk, self.min_rows = min_chunk, min_rows
         self.eos_ids = jnp.asarray(tuple(eos_ids) or (-1,), jnp.int32)
         self.stop_table = stop_table or stops_lib.make_stop_table([], (), vocab_size=1)
-        self.cache = init_cache(model.cfg, num_slots, max_len)
+        # Stored K/V may be narrower than the compute dtype (bf16 halves an f32 model's cache
+        # bytes); attention always reads it into f32.
+        self.kv_dtype = jnp.dtype(kv_dtype or model.cfg.jnp_dtype)
+        if self.kv_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+            raise ValueError(f"Engine: kv_dtype={kv_dtype!r}; allowed: float32, bfloat16 (or None: compute dtype)")
+        self.cache = init_cache(model.cfg, num_slots, max_len, dtype=self.kv_dtype)
         self.lengths = np.zeros(num_slots, np.int64)  # tokens in the cache (pending excluded)
         self.pending = np.full(num_slots, -1, np.int64)  # -1: slot holds no sequence
         self._free = list(range(num_slots))
