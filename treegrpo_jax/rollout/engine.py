@@ -170,6 +170,11 @@ class Engine:
     Host-side it mirrors each slot's length and pending token (both small), so
     scheduling decisions never wait on the device. Slots are handed out by `allocate`
     and returned by `free`; running out is an explicit `OutOfSlotsError`.
+
+    `kernels` picks decode attention and sampling: `auto` (the CPU kernels of
+    `treegrpo_jax/native` on a CPU backend where they build, else XLA), `xla` or `native`.
+    `kv_dtype` stores K/V as `float32` or `bfloat16` whatever the compute dtype (None: the
+    compute dtype); attention reads them into f32.
     """
 
     def __init__(
@@ -199,7 +204,9 @@ class Engine:
         # bytes); attention always reads it into f32.
         self.kv_dtype = jnp.dtype(kv_dtype or model.cfg.jnp_dtype)
         if self.kv_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-            raise ValueError(f"Engine: kv_dtype={kv_dtype!r}; allowed: float32, bfloat16 (or None: compute dtype)")
+            raise ValueError(
+                f"Engine: kv_dtype={kv_dtype!r}; allowed: float32, bfloat16 (or None: compute dtype)"
+            )
         self.cache = init_cache(model.cfg, num_slots, max_len, dtype=self.kv_dtype)
         self.lengths = np.zeros(num_slots, np.int64)  # tokens in the cache (pending excluded)
         self.pending = np.full(num_slots, -1, np.int64)  # -1: slot holds no sequence
