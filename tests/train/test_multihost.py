@@ -91,5 +91,9 @@ def test_checkpoint_written_once_with_the_same_params(runs):
         restore = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
         return jax.tree.leaves(ckpt.restore(path, restore_args=restore))
 
+    # Two processes sum gradients in another order than one; Adam's normalised step turns that
+    # rounding, on entries whose gradient is near zero, into parameter differences of a few
+    # 1e-6 (seen: 1.02e-6 on one of 4,096 entries, the same before and after issue 15's
+    # kernels). A missing or doubled host gradient would move entries by ~lr = 1e-4.
     for a, b in zip(params(one), params(two), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, b, atol=1e-5)
