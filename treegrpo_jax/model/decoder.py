@@ -289,7 +289,7 @@ class Decoder(nnx.Module):
         (x, ck, cv), _ = jax.lax.scan(layer, (self._embed(tokens), cache.k, cache.v), xs)
         lengths = cache.lengths.at[slots].add(chunk_lens.astype(cache.lengths.dtype), mode="drop")
         new_cache = KVCache(k=ck, v=cv, lengths=lengths)
-        if not all_logits:
+        if not all_logits and c > 1:  # (one-token chunks are their own last position)
             last = jnp.clip(chunk_lens - 1, 0, c - 1)
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, E]
         h = _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)

@@ -46,11 +46,13 @@ struct Problem {
   float scale;
 };
 
-// One (row, kv head) pair: G query heads against n keys of one slot.
-template <typename KV, int64_t kD>
+// One (row, kv head) pair: G query heads against n keys of one slot. kD / kG > 0 fix the head
+// dim and group size at compile time (the common shapes), so q and the accumulators stay in
+// registers; 0 reads them from the problem.
+template <typename KV, int64_t kD, int64_t kG>
 void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scratch) {
   const int64_t D = kD > 0 ? kD : p.D;
-  const int64_t G = p.H / p.K;
+  const int64_t G = kG > 0 ? kG : p.H / p.K;
   float* out = p.out + (b * p.H + kh * G) * D;
   const int64_t slot = p.slots[b];
   const int64_t n = std::clamp<int64_t>(p.lens[b], 0, p.T);
@@ -64,9 +66,15 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
   const float* q = p.q + (b * p.H + kh * G) * D;
   scratch.resize(static_cast<size_t>(G * n));
   float* scores = scratch.data();  // [G, n]
-
+  // Cache lines per key row; the value rows are prefetched while the keys are read, so both
+  // streams are in flight at once (one stream per core leaves DRAM bandwidth unused).
+  constexpr int64_t kLine = 64 / sizeof(KV);
   for (int64_t t = 0; t < n; ++t) {
     const KV* __restrict kt = keys + t * D;
+    for (int64_t off = 0; off < D; off += kLine) {
+      __builtin_prefetch(values + t * D + off, 0, 0);
+      __builtin_prefetch(kt + 32 * D + off, 0, 0);
+    }
     for (int64_t g = 0; g < G; ++g) {
       const float* __restrict qg = q + g * D;
       float acc = 0.0f;
@@ -90,29 +98,46 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
 #pragma omp simd
     for (int64_t t = 0; t < n; ++t) s[t] *= inv;
   }
-  // Weighted sum of values: one pass over V, accumulators in registers per query head.
-  for (int64_t g = 0; g < G; ++g) {
-    const float* __restrict w = scores + g * n;
-    float acc[kD > 0 ? kD : kMaxHeadDim];
-    const int64_t dd = D;
-    for (int64_t d = 0; d < dd; ++d) acc[d] = 0.0f;
-    for (int64_t t = 0; t < n; ++t) {
-      const KV* __restrict vt = values + t * D;
-      const float wt = w[t];
+  // Weighted sum of values: one pass over V for all G heads, accumulators in registers.
+  float acc[(kG > 0 ? kG : 1) * (kD > 0 ? kD : 1)];
+  std::vector<float> heap;
+  float* a = acc;
+  if (kG == 0 || kD == 0) {
+    heap.assign(G * D, 0.0f);
+    a = heap.data();
+  } else {
+    std::fill(acc, acc + G * D, 0.0f);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const KV* __restrict vt = values + t * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float wt = scores[g * n + t];
+      float* __restrict ag = a + g * D;
 #pragma omp simd
-      for (int64_t d = 0; d < dd; ++d) acc[d] += wt * Load(vt, d);
+      for (int64_t d = 0; d < D; ++d) ag[d] += wt * Load(vt, d);
     }
-    for (int64_t d = 0; d < dd; ++d) out[g * D + d] = acc[d];
+  }
+  std::copy(a, a + G * D, out);
+}
+
+template <typename KV, int64_t kD>
+void AttendPairAnyG(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scratch) {
+  switch (p.H / p.K) {
+    case 1: return AttendPair<KV, kD, 1>(p, b, kh, scratch);
+    case 2: return AttendPair<KV, kD, 2>(p, b, kh, scratch);
+    case 4: return AttendPair<KV, kD, 4>(p, b, kh, scratch);
+    case 8: return AttendPair<KV, kD, 8>(p, b, kh, scratch);
+    default: return AttendPair<KV, kD, 0>(p, b, kh, scratch);
   }
 }
 
 template <typename KV>
 void AttendPairAnyD(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scratch) {
   switch (p.D) {  // fixed head dims let the compiler unroll and vectorise the dot products
-    case 32: return AttendPair<KV, 32>(p, b, kh, scratch);
-    case 64: return AttendPair<KV, 64>(p, b, kh, scratch);
-    case 128: return AttendPair<KV, 128>(p, b, kh, scratch);
-    default: return AttendPair<KV, 0>(p, b, kh, scratch);
+    case 32: return AttendPairAnyG<KV, 32>(p, b, kh, scratch);
+    case 64: return AttendPairAnyG<KV, 64>(p, b, kh, scratch);
+    case 128: return AttendPairAnyG<KV, 128>(p, b, kh, scratch);
+    default: return AttendPair<KV, 0, 0>(p, b, kh, scratch);
   }
 }
 
