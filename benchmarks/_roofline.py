@@ -8,7 +8,11 @@ best of several: the ceiling), then the Engine's decode step on `:tiny` dims (ra
 weights, f32 compute) at B in {32, 128} and U in {256, 768} of a T=1024 pool, greedy and
 sampled (temperature 0.7, top-p 0.95), with the CPU kernels (f32 and bf16 K/V) and with the
 XLA path they replace. A step must at least read the weights and every row's live K/V once:
-fraction of the roofline = (weight bytes + live K/V bytes) / bandwidth / step time.
+fraction of the roofline = (weight bytes + live K/V bytes) / bandwidth / step time. The
+bandwidth is measured before and after the cases and the higher figure is the ceiling (this
+shared VM's reads vary by run, 28-50 GB/s seen). The weight matmuls' FLOPs at the f32 matmul
+rate measured in the same run give the compute floor, reported beside it (`flop_ms`): at a
+large batch of a bigger model (SmolLM2 at 64 rows) that one binds first.
 `smollm2` does the same for the offline SmolLM2-135M (GGUF, f32 weights) at B in {1, 8, 64}.
 """
 
@@ -113,10 +117,29 @@ def _time_cases(model: Decoder, cases: list[Case], *, steps: int, pool_len: int,
     return {c: 1e3 * float(np.median(s)) / steps for c, s in seconds.items()}
 
 
-def _row(cfg: ModelConfig, case: Case, ms: float, bandwidth: float, steps: int) -> dict:
+def matmul_gflops(n: int = 1024, repeats: int = 7) -> float:
+    """Best f32 GEMM rate of this CPU now (the compute ceiling)."""
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    mm(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mm(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def _ceilings(before: dict, after: dict, gflops: float) -> dict:
+    return {"before": before, "after": after, "best_gbps": max(before["best_gbps"], after["best_gbps"]),
+            "matmul_gflops": gflops}  # fmt: skip
+
+
+def _row(cfg: ModelConfig, case: Case, ms: float, ceilings: dict, steps: int) -> dict:
     live = case.live + (steps + 1) / 2  # mean live keys over the call
     b = step_bytes(cfg, batch=case.batch, live=live, kv_itemsize=jnp.dtype(case.kv).itemsize)
-    floor_ms = 1e3 * (b["weight_bytes"] + b["live_kv_bytes"]) / (bandwidth * 1e9)
+    floor_ms = 1e3 * (b["weight_bytes"] + b["live_kv_bytes"]) / (ceilings["best_gbps"] * 1e9)
+    flop_ms = 1e3 * 2 * cfg.num_params * case.batch / (ceilings["matmul_gflops"] * 1e9)
     return {
         "case": case.name,
         **dataclasses.asdict(case),
@@ -125,16 +148,18 @@ def _row(cfg: ModelConfig, case: Case, ms: float, bandwidth: float, steps: int) 
         **b,
         "roofline_ms": floor_ms,
         "fraction_of_roofline": floor_ms / ms,
+        "flop_ms": flop_ms,
+        "fraction_of_max_bound": max(floor_ms, flop_ms) / ms,
     }
 
 
 def run_roofline(bc, model, cfg) -> dict:
     """The `:tiny`-dims decode step against the measured read bandwidth (see module docstring)."""
     del model, cfg
-    bandwidth = read_bandwidth_gbps()
+    before, gflops = read_bandwidth_gbps(), matmul_gflops()
     tiny_cfg = ModelConfig(**TINY_DIMS, tie_embeddings=True)
     tiny = init_model(tiny_cfg, seed=bc.seed)
-    rows = []
+    timed_cases = []
     for batch in (32, 128):
         for live in (256, 768):
             cases = [
@@ -144,11 +169,11 @@ def run_roofline(bc, model, cfg) -> dict:
                 # The XLA path's sampled step sorts the vocabulary (~80 ms at B=128): once is enough.
                 if not (impl == "xla" and sampled and live != 256)
             ]
-            for case, ms in _time_cases(
-                tiny, cases, steps=STEPS, pool_len=POOL_LEN, repeats=bc.repeats
-            ).items():
-                rows.append(_row(tiny_cfg, case, ms, bandwidth["best_gbps"], STEPS))
+            timed = _time_cases(tiny, cases, steps=STEPS, pool_len=POOL_LEN, repeats=bc.repeats)
+            timed_cases += timed.items()
             print(f"  roofline: batch {batch}, live {live} done", flush=True)
+    bandwidth = _ceilings(before, read_bandwidth_gbps(), gflops)
+    rows = [_row(tiny_cfg, case, ms, bandwidth, STEPS) for case, ms in timed_cases]
     by = {r["case"]: r for r in rows}
 
     def frac(b, u=256, mode="greedy", impl="native", kv="float32"):
@@ -169,15 +194,16 @@ def run_smollm2(bc, model, cfg) -> dict:
     from treegrpo_jax.model import assets
     from treegrpo_jax.model.pretrained import load_pretrained
 
-    bandwidth = read_bandwidth_gbps()
+    before, gflops = read_bandwidth_gbps(), matmul_gflops()
     smol, smol_cfg, _ = load_pretrained(assets.smollm2_gguf_path(), dtype="float32")
     steps, live = 16, 512
-    rows = []
+    timed_cases = []
     for batch in (1, 8, 64):
         cases = [Case(batch, live, False, "native", kv) for kv in ("float32", "bfloat16")]
-        for case, ms in _time_cases(smol, cases, steps=steps, pool_len=1024, repeats=bc.repeats).items():
-            rows.append(_row(smol_cfg, case, ms, bandwidth["best_gbps"], steps))
+        timed_cases += _time_cases(smol, cases, steps=steps, pool_len=1024, repeats=bc.repeats).items()
         print(f"  smollm2: batch {batch} done", flush=True)
+    bandwidth = _ceilings(before, read_bandwidth_gbps(), gflops)
+    rows = [_row(smol_cfg, case, ms, bandwidth, steps) for case, ms in timed_cases]
     return {"smollm2_decode": {"bandwidth": bandwidth, "steps_per_call": steps, "rows": rows}}
 
 
@@ -187,15 +213,18 @@ def print_roofline(result: dict) -> None:
             continue
         r = result[key]
         bw = r["bandwidth"]
-        print(f"\nDecode vs the memory roofline ({title}; read bandwidth {bw['best_gbps']:.1f} GB/s best, "
-              f"{bw['median_gbps']:.1f} median, jitted sum over {bw['array_mib']} MiB)")  # fmt: skip
-        head = ("batch", "live", "mode", "path", "KV", "ms/step", "tok/s", "MB read", "floor ms", "of roof")
+        print(f"\nDecode vs the memory roofline ({title}; read bandwidth {bw['best_gbps']:.1f} GB/s "
+              f"(best of {bw['before']['best_gbps']:.1f} before / {bw['after']['best_gbps']:.1f} after, "
+              f"sum over {bw['before']['array_mib']} MiB); f32 matmul {bw['matmul_gflops']:.0f} GFLOP/s)")  # fmt: skip
+        head = ("batch", "live", "mode", "path", "KV", "ms/step", "tok/s", "MB read", "mem ms", "flop ms",
+                "of roof")  # fmt: skip
         print(" ".join(f"{h:>9}" for h in head))
         for q in r["rows"]:
             mb = (q["weight_bytes"] + q["live_kv_bytes"]) / 1e6
             print(f"{q['batch']:>9} {q['live']:>9} {'sampled' if q['sampled'] else 'greedy':>9} "
                   f"{q['impl']:>9} {q['kv']:>9} {q['ms_per_step']:9.2f} {q['tokens_per_s']:9.0f} "
-                  f"{mb:9.1f} {q['roofline_ms']:9.2f} {q['fraction_of_roofline']:9.1%}")  # fmt: skip
+                  f"{mb:9.1f} {q['roofline_ms']:9.2f} {q['flop_ms']:9.2f} "
+                  f"{q['fraction_of_roofline']:9.1%}")  # fmt: skip
     for key in ("decode_fraction_of_roofline_b128", "decode_fraction_of_roofline_b32",
                 "sampled_over_greedy_step", "native_over_xla_speedup_b128"):  # fmt: skip
         if key in result:
