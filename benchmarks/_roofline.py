@@ -215,7 +215,8 @@ def print_roofline(result: dict) -> None:
         bw = r["bandwidth"]
         print(f"\nDecode vs the memory roofline ({title}; read bandwidth {bw['best_gbps']:.1f} GB/s "
               f"(best of {bw['before']['best_gbps']:.1f} before / {bw['after']['best_gbps']:.1f} after, "
-              f"sum over {bw['before']['array_mib']} MiB); f32 matmul {bw['matmul_gflops']:.0f} GFLOP/s)")  # fmt: skip
+              f"sum over {bw['before']['array_mib']} MiB); "
+              f"f32 matmul {bw['matmul_gflops']:.0f} GFLOP/s)")  # fmt: skip
         head = ("batch", "live", "mode", "path", "KV", "ms/step", "tok/s", "MB read", "mem ms", "flop ms",
                 "of roof")  # fmt: skip
         print(" ".join(f"{h:>9}" for h in head))
