@@ -31,6 +31,7 @@ def _paper() -> ConfigDict:
             dims={},  # ModelConfig fields for source="scratch"
             dtype="bfloat16",  # compute dtype of matmuls (norms, softmax, logits stay f32)
             param_dtype="float32",  # stored parameters (and optimizer moments)
+            kv_dtype="auto",  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
             tokenizer_vocab=2048,  # scratch only: BPE vocabulary trained on the corpus
         )
     )

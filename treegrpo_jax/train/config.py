@@ -53,6 +53,7 @@ class ModelSpec:
     dims: tuple[tuple[str, Any], ...] = ()  # ModelConfig fields for SCRATCH (vocab from the tokenizer)
     dtype: str = "float32"
     param_dtype: str = "float32"
+    kv_dtype: str = "auto"  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
     tokenizer_vocab: int = 2048  # SCRATCH: BPE vocabulary trained on the world's text
 
     def __post_init__(self):
@@ -68,6 +69,8 @@ class ModelSpec:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"config.model.{name}={getattr(self, name)!r}; allowed: {list(_DTYPES)}")
+        if self.kv_dtype not in _KV_DTYPES:
+            raise ValueError(f"config.model.kv_dtype={self.kv_dtype!r}; allowed: {list(_KV_DTYPES)}")
         floor = 256 + len(SPECIAL_TOKENS) + len(AGENT_TAGS)  # bytes + specials + atomic tags
         _check_int("model.tokenizer_vocab", self.tokenizer_vocab, floor + 1)
         if self.source == ModelSource.SCRATCH:
@@ -296,6 +299,7 @@ class TrainConfig:
 
 _DATA_EXTENSIONS = (".parquet", ".jsonl")
 _DTYPES = ("float32", "bfloat16", "float16")  # ModelConfig's compute / storage dtypes
+_KV_DTYPES = ("auto", "float32", "bfloat16")  # the rollout engine's stored K/V
 # ModelConfig fields a config file never sets: the tokenizer and the `model` block give them.
 _DERIVED_MODEL_FIELDS = {"vocab_size", "dtype", "param_dtype", "eos_token_ids", "bos_token_id"}
 

@@ -42,7 +42,13 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = No
     data = setup.load_data(cfg, workdir)
     env = setup.make_env(cfg, tokenizer, setup.make_retriever(cfg, data))
     rows = list(data.test[: cfg.data.eval_prompts or None])
-    engine = setup.make_engine(model, tokenizer, num_slots=min(len(rows), 256), max_len=cfg.run.context_len)
+    engine = setup.make_engine(
+        model,
+        tokenizer,
+        num_slots=min(len(rows), 256),
+        max_len=cfg.run.context_len,
+        kv_dtype=cfg.model.kv_dtype,
+    )
     metrics, _ = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed)
     print(f"checkpoint step {step}, {len(rows)} questions\n{format_table(metrics)}")
     with open(os.path.join(workdir, f"eval_step{step}.json"), "w") as f:

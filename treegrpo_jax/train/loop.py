@@ -109,7 +109,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
     def make_engine(state):
         # Each process samples its own prompts, from a process-local copy of the weights.
         model = nnx.merge(state.graphdef, multihost.local_params(state.params))
-        return setup.make_engine(model, tokenizer, num_slots=slots, max_len=cfg.run.context_len)
+        return setup.make_engine(
+            model, tokenizer, num_slots=slots, max_len=cfg.run.context_len, kv_dtype=cfg.model.kv_dtype
+        )
 
     def log_metrics(step, metrics):
         writer.write(step, metrics)

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 
+import jax
 from jax.sharding import Mesh
 
 from treegrpo_jax.data.readers import read_rows
@@ -161,8 +162,25 @@ def make_env(cfg: TrainConfig, tokenizer: Tokenizer, retriever: Retriever) -> Ag
     )
 
 
-def make_engine(model: Decoder, tokenizer: Tokenizer, *, num_slots: int, max_len: int) -> Engine:
+def kv_dtype_for_backend(kv_dtype: str) -> str:
+    """`auto` → float32 on CPU, bfloat16 on GPU / TPU (BENCHMARKS.md §4: on CPU bf16 K/V saves
+    10-20% of a `:tiny` step at 768 live tokens and nothing for SmolLM2, whose weights dominate;
+    on accelerators decode reads K/V at HBM bandwidth, and bf16 halves both bytes and memory)."""
+    if kv_dtype != "auto":
+        return kv_dtype
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def make_engine(
+    model: Decoder, tokenizer: Tokenizer, *, num_slots: int, max_len: int, kv_dtype: str = "auto"
+) -> Engine:
     table = make_stop_table(token_bytes(tokenizer), STOP_STRINGS, vocab_size=model.cfg.vocab_size)
     return Engine(
-        model, num_slots=num_slots, max_len=max_len, eos_ids=tokenizer.eos_ids, stop_table=table, min_rows=8
+        model,
+        num_slots=num_slots,
+        max_len=max_len,
+        eos_ids=tokenizer.eos_ids,
+        stop_table=table,
+        min_rows=8,
+        kv_dtype=kv_dtype_for_backend(kv_dtype),
     )
