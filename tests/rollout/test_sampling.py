@@ -46,12 +46,13 @@ def test_native_draws_the_reference_tokens(vocab):
     n, draws = 64, 40
     logits = _rows(vocab, n, vocab)
     params = _knobs(n)
-    ref = jax.jit(lambda k: sample(logits, k, params, kernels=Kernels.XLA))
-    nat = jax.jit(lambda k: sample(logits, k, params, kernels=Kernels.NATIVE))
+    # Inputs as arguments, not constants: XLA would constant-fold the reference's sort (~30 s).
+    ref = jax.jit(lambda x, k, p: sample(x, k, p, kernels=Kernels.XLA))
+    nat = jax.jit(lambda x, k, p: sample(x, k, p, kernels=Kernels.NATIVE))
     mismatches = near_boundary = 0
     for d in range(draws):
         keys = jax.random.split(jax.random.key(100 + d), n)
-        (t_ref, lp_ref), (t_nat, lp_nat) = ref(keys), nat(keys)
+        (t_ref, lp_ref), (t_nat, lp_nat) = ref(logits, keys, params), nat(logits, keys, params)
         t_ref, t_nat = np.asarray(t_ref), np.asarray(t_nat)
         differ = t_ref != t_nat
         if differ.any():
@@ -84,7 +85,8 @@ def test_sampling_matches_the_categorical_distribution(kernels):
     params = SamplingParams.make(3, temperature=[1.0, 0.5, 1.0], top_k=[0, 0, 3], top_p=[1.0, 0.8, 1.0])
     n = 20000
     keys = jax.random.split(jax.random.key(0), n * 3).reshape(n, 3)
-    tokens, _ = jax.jit(jax.vmap(lambda k: sample(logits, k, params, kernels=kernels)))(keys)
+    draw = jax.jit(jax.vmap(lambda k, x, p: sample(x, k, p, kernels=kernels), in_axes=(0, None, None)))
+    tokens, _ = draw(keys, logits, params)
     want = jax.nn.softmax(_filtered_logits(logits / params.temperature[:, None], params), axis=-1)
     for row in range(3):
         freq = np.bincount(np.asarray(tokens[:, row]), minlength=6) / n
