@@ -54,6 +54,19 @@ struct Scratch {
   std::vector<float> block;    // kept mass per block of kBlock tokens
 };
 
+// The value bin of every token: kBins equal widths over [lo, hi], highest first. Monotone in the
+// value (rounding included), so ties share a bin and bin order is value order.
+uint16_t* Bins(const float* x, int64_t V, float hi, float lo, Scratch& s) {
+  const float inv_width = kBins / (hi - lo);
+  s.bin.resize(V);
+  uint16_t* bin = s.bin.data();
+#pragma omp simd
+  for (int64_t i = 0; i < V; ++i) {
+    bin[i] = static_cast<uint16_t>(std::min(static_cast<float>(kBins - 1), (hi - x[i]) * inv_width));
+  }
+  return bin;
+}
+
 // The top-p threshold c given the top-k one (kth; -inf when off); masses unnormalised.
 float TopPThreshold(const float* x, const float* e, int64_t V, float hi, float lo, float kth, float target,
                     Scratch& s) {
@@ -64,13 +77,7 @@ float TopPThreshold(const float* x, const float* e, int64_t V, float hi, float l
     for (int64_t i = 0; i < V; ++i) above_kth += x[i] > kth ? e[i] : 0.0f;
     if (above_kth < target) return kth;
   }
-  const float inv_width = kBins / (hi - lo);
-  s.bin.resize(V);
-  uint16_t* bin = s.bin.data();
-#pragma omp simd
-  for (int64_t i = 0; i < V; ++i) {
-    bin[i] = static_cast<uint16_t>(std::min(static_cast<float>(kBins - 1), (hi - x[i]) * inv_width));
-  }
+  uint16_t* bin = Bins(x, V, hi, lo, s);
   // Four interleaved histograms: consecutive tokens in one bin do not wait on each other.
   float mass[4][kBins] = {};
   int64_t i = 0;
@@ -113,13 +120,7 @@ float TopPThreshold(const float* x, const float* e, int64_t V, float hi, float l
 // The k-th largest value (0 < k < V) from a histogram of counts.
 float KthLargest(const float* x, int64_t V, float hi, float lo, int32_t k, Scratch& s) {
   if (k == 1) return hi;
-  const float inv_width = kBins / (hi - lo);
-  s.bin.resize(V);
-  uint16_t* bin = s.bin.data();
-#pragma omp simd
-  for (int64_t i = 0; i < V; ++i) {
-    bin[i] = static_cast<uint16_t>(std::min(static_cast<float>(kBins - 1), (hi - x[i]) * inv_width));
-  }
+  uint16_t* bin = Bins(x, V, hi, lo, s);
   int64_t count[kBins] = {};
   for (int64_t i = 0; i < V; ++i) ++count[bin[i]];
   int64_t above = 0;
