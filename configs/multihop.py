@@ -32,6 +32,7 @@ def _paper() -> ConfigDict:
             dtype="bfloat16",  # compute dtype of matmuls (norms, softmax, logits stay f32)
             param_dtype="float32",  # stored parameters (and optimizer moments)
             kv_dtype="auto",  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
+            kernels="auto",  # rollout attention + sampling: auto (CPU kernels where built), xla, native
             tokenizer_vocab=2048,  # scratch only: BPE vocabulary trained on the corpus
         )
     )

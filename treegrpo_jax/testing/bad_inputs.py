@@ -103,6 +103,7 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="model.dtype", value="float8", hint="allowed"),
     BadConfig(key="model.param_dtype", value="int8", hint="allowed"),
     BadConfig(key="model.kv_dtype", value="float16", hint="allowed"),
+    BadConfig(key="model.kernels", value="fast", hint=r"allowed: \['auto', 'xla', 'native'\]"),
     BadConfig(key="model.tokenizer_vocab", value=100, hint="≥"),
     BadConfig(key="model.dims.num_heads", value=3, hint="multiple of"),
     BadConfig(key="model.dims.hidden", value=64, hint="allowed keys"),

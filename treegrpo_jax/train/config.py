@@ -23,6 +23,7 @@ from treegrpo_jax.env.scripted_agent import ScriptConfig
 from treegrpo_jax.model.bpe_train import AGENT_TAGS, SPECIAL_TOKENS
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.pretrained import NAMED_MODELS
+from treegrpo_jax.native import Kernels
 from treegrpo_jax.parallel.mesh import MeshConfig
 from treegrpo_jax.rl.batch import BatchLayout, LayoutKind
 from treegrpo_jax.rl.loss import LossConfig
@@ -54,6 +55,7 @@ class ModelSpec:
     dtype: str = "float32"
     param_dtype: str = "float32"
     kv_dtype: str = "auto"  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
+    kernels: str = "auto"  # rollout decode attention + sampling: auto (CPU kernels where built), xla, native
     tokenizer_vocab: int = 2048  # SCRATCH: BPE vocabulary trained on the world's text
 
     def __post_init__(self):
@@ -71,6 +73,7 @@ class ModelSpec:
                 raise ValueError(f"config.model.{name}={getattr(self, name)!r}; allowed: {list(_DTYPES)}")
         if self.kv_dtype not in _KV_DTYPES:
             raise ValueError(f"config.model.kv_dtype={self.kv_dtype!r}; allowed: {list(_KV_DTYPES)}")
+        object.__setattr__(self, "kernels", _enum(Kernels, self.kernels, "model.kernels"))
         floor = 256 + len(SPECIAL_TOKENS) + len(AGENT_TAGS)  # bytes + specials + atomic tags
         _check_int("model.tokenizer_vocab", self.tokenizer_vocab, floor + 1)
         if self.source == ModelSource.SCRATCH:

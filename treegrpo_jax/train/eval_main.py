@@ -48,6 +48,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = No
         num_slots=min(len(rows), 256),
         max_len=cfg.run.context_len,
         kv_dtype=cfg.model.kv_dtype,
+        kernels=cfg.model.kernels,
     )
     metrics, _ = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed)
     print(f"checkpoint step {step}, {len(rows)} questions\n{format_table(metrics)}")

@@ -110,7 +110,12 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         # Each process samples its own prompts, from a process-local copy of the weights.
         model = nnx.merge(state.graphdef, multihost.local_params(state.params))
         return setup.make_engine(
-            model, tokenizer, num_slots=slots, max_len=cfg.run.context_len, kv_dtype=cfg.model.kv_dtype
+            model,
+            tokenizer,
+            num_slots=slots,
+            max_len=cfg.run.context_len,
+            kv_dtype=cfg.model.kv_dtype,
+            kernels=cfg.model.kernels,
         )
 
     def log_metrics(step, metrics):

@@ -172,7 +172,13 @@ def kv_dtype_for_backend(kv_dtype: str) -> str:
 
 
 def make_engine(
-    model: Decoder, tokenizer: Tokenizer, *, num_slots: int, max_len: int, kv_dtype: str = "auto"
+    model: Decoder,
+    tokenizer: Tokenizer,
+    *,
+    num_slots: int,
+    max_len: int,
+    kv_dtype: str = "auto",
+    kernels: str = "auto",
 ) -> Engine:
     table = make_stop_table(token_bytes(tokenizer), STOP_STRINGS, vocab_size=model.cfg.vocab_size)
     return Engine(
@@ -183,4 +189,5 @@ def make_engine(
         stop_table=table,
         min_rows=8,
         kv_dtype=kv_dtype_for_backend(kv_dtype),
+        kernels=kernels,
     )
