@@ -34,6 +34,34 @@ inline float ExpNonPositive(float x) {
   return p * scale;
 }
 
+// max / min of x[0..n), n > 0. Sixteen running lanes written as elementwise selects: GCC keeps a
+// float max/min *reduction* scalar (NaN ordering), but vectorises the elementwise form.
+inline float MaxOf(const float* x, int64_t n) {
+  float lane[16];
+  for (int j = 0; j < 16; ++j) lane[j] = x[0];
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] = lane[j] < x[i + j] ? x[i + j] : lane[j];
+  }
+  float m = x[0];
+  for (int j = 0; j < 16; ++j) m = m < lane[j] ? lane[j] : m;
+  for (; i < n; ++i) m = m < x[i] ? x[i] : m;
+  return m;
+}
+
+inline float MinOf(const float* x, int64_t n) {
+  float lane[16];
+  for (int j = 0; j < 16; ++j) lane[j] = x[0];
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] = x[i + j] < lane[j] ? x[i + j] : lane[j];
+  }
+  float m = x[0];
+  for (int j = 0; j < 16; ++j) m = lane[j] < m ? lane[j] : m;
+  for (; i < n; ++i) m = x[i] < m ? x[i] : m;
+  return m;
+}
+
 // Runs fn(i) for i in [0, n) on the calling thread and the pool's threads, items handed out
 // one at a time (rows have ragged costs). The state is shared: a task that starts after all
 // items are done (its thread was busy) finds nothing left and touches only that state, so the

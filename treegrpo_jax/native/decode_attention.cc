@@ -85,9 +85,7 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
   }
   for (int64_t g = 0; g < G; ++g) {
     float* __restrict s = scores + g * n;
-    float m = s[0];
-#pragma omp simd reduction(max : m)
-    for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
+    const float m = treegrpo::MaxOf(s, n);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < n; ++t) {

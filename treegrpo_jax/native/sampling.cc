@@ -142,13 +142,11 @@ void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
   float* x = s.x.data();
   float* e = s.e.data();
   const float* raw = r.logits;
-  float hi = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : hi) reduction(min : lo)
-  for (int64_t i = 0; i < V; ++i) {
-    x[i] = raw[i] / r.temperature;  // a true division, as the reference's
-    hi = std::max(hi, x[i]);
-    lo = std::min(lo, x[i]);
-  }
+  const float temperature = r.temperature;
+#pragma omp simd
+  for (int64_t i = 0; i < V; ++i) x[i] = raw[i] / temperature;  // a true division, as the reference's
+  // Separate passes: a division and two reductions in one loop stay scalar.
+  const float hi = treegrpo::MaxOf(x, V), lo = treegrpo::MinOf(x, V);
   // The normaliser in f64: near-one-hot rows add thousands of terms far below f32's spacing
   // at 1, which an f32 sum drops (log-prob errors of ~1e-5 against XLA's tree reduction).
   double zd = 0.0;
@@ -159,11 +157,9 @@ void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
   }
   const float z = static_cast<float>(zd);
   int32_t tok = 0;
-  if (r.greedy) {  // the first maximum of the raw logits (as argmax)
-    float best = raw[0];
-    for (int64_t i = 1; i < V; ++i) {
-      if (raw[i] > best) best = raw[i], tok = static_cast<int32_t>(i);
-    }
+  if (r.greedy) {  // the first maximum of the raw logits (as argmax): a vector max, then a scan
+    const float best = treegrpo::MaxOf(raw, V);
+    while (tok < V - 1 && !(raw[tok] == best)) ++tok;
   } else {
     const bool use_k = r.top_k > 0 && r.top_k < V;
     const bool use_p = r.top_p < 1.0f;
