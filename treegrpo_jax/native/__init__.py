@@ -14,8 +14,6 @@ import enum
 
 import jax
 
-from treegrpo_jax.native import build
-
 
 class Kernels(enum.StrEnum):
     AUTO = "auto"  # native on CPU when the library builds, else xla
@@ -29,6 +27,8 @@ def resolve(kernels: Kernels | str) -> Kernels:
     Raises:
       ValueError: an unknown name, or `native` where the CPU kernels cannot run.
     """
+    from treegrpo_jax.native import build  # here, so `python -m treegrpo_jax.native.build` runs clean
+
     try:
         kernels = Kernels(kernels)
     except ValueError:
@@ -41,4 +41,4 @@ def resolve(kernels: Kernels | str) -> Kernels:
     return kernels
 
 
-__all__ = ["Kernels", "resolve", "build"]
+__all__ = ["Kernels", "resolve"]
