@@ -25,7 +25,10 @@ def _native(q, k, v, layer, slots, lengths, *, k_new=None, v_new=None, write_pos
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 32), (3, 3, 8), (9, 3, 64), (8, 1, 16)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [(4, 2, 32), (3, 3, 8), (9, 3, 64), (8, 1, 16), (14, 2, 128), (10, 2, 32)],
+)
 def test_kernel_equals_reference(dtype, heads, kv_heads, head_dim):
     """Ragged lengths (1 .. T), rows in any slot order, every layer; bf16 storage read as f32."""
     layers, slots, t, b = 3, 7, 40, 5

@@ -123,7 +123,9 @@ void AttendPairAnyG(const Problem& p, int64_t b, int64_t kh, std::vector<float>&
   switch (p.H / p.K) {
     case 1: return AttendPair<KV, kD, 1>(p, b, kh, scratch);
     case 2: return AttendPair<KV, kD, 2>(p, b, kh, scratch);
+    case 3: return AttendPair<KV, kD, 3>(p, b, kh, scratch);  // SmolLM2, Llama-3.2-3B
     case 4: return AttendPair<KV, kD, 4>(p, b, kh, scratch);
+    case 7: return AttendPair<KV, kD, 7>(p, b, kh, scratch);  // Qwen2.5-7B
     case 8: return AttendPair<KV, kD, 8>(p, b, kh, scratch);
     default: return AttendPair<KV, kD, 0>(p, b, kh, scratch);
   }
