@@ -124,7 +124,11 @@ def library() -> ctypes.CDLL | None:
     path = build()
     if path is None:
         return None
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:  # e.g. a library copied from another machine's build folder
+        log.warning("loading the CPU kernels (%s) failed, using the XLA paths: %s", path, e)
+        return None
     for name, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib

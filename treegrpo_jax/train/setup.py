@@ -164,8 +164,9 @@ def make_env(cfg: TrainConfig, tokenizer: Tokenizer, retriever: Retriever) -> Ag
 
 def kv_dtype_for_backend(kv_dtype: str) -> str:
     """`auto` → float32 on CPU, bfloat16 on GPU / TPU (BENCHMARKS.md §4: on CPU bf16 K/V saves
-    10-20% of a `:tiny` step at 768 live tokens and nothing for SmolLM2, whose weights dominate;
-    on accelerators decode reads K/V at HBM bandwidth, and bf16 halves both bytes and memory)."""
+    13-20% of a `:tiny` step at 768 live tokens and ≤ 3% for SmolLM2, whose weights dominate, for a
+    log-prob change of up to 0.1; on accelerators decode reads K/V at HBM bandwidth, and bf16
+    halves both bytes and memory)."""
     if kv_dtype != "auto":
         return kv_dtype
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
