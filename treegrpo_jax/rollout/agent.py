@@ -1,13 +1,17 @@
-"""The agent loop: think → act → observe, for many trajectories in one batch.
+"""The agent step: think → act → observe, as pieces any rollout driver composes.
 
 A trajectory is a walk down one tree: it owns a cache slot and the id of the node it
-continues from. One *step* of the loop advances every active trajectory at once:
+continues from. A *step* is one model turn: decode until the row emits an action (stop
+strings `</search>` / `</answer>`), EOS, its per-step token cap, or the context cap; then
 
-  1. one batched `Engine.decode` until each row emits an action (stop strings
-     `</search>` / `</answer>`), EOS, its per-step token cap, or the context cap;
-  2. parse each step (first complete action tag) into a new tree node;
-  3. one batched retriever call for all searches of the step;
-  4. tokenize each observation once and append all of them in one `Engine.append`.
+  1. `end_step` parses it (first complete action tag) into a new tree node and says what
+     comes next: a leaf, a search, or the invalid-action feedback;
+  2. `observation_text` is what the environment answers (search results or feedback);
+  3. `place_observation` checks it fits the slot, else the node becomes a (truncated) leaf.
+
+The drivers — `scheduler.py` (continuous batching, the default) and `lockstep.py` (the
+reference: every trajectory's step in one decode call) — differ only in when they call
+these, so both grow the same trees.
 
 Leaves: an answer; the forced final-answer step after the tool-call limit (whatever it
 contains); a step that hit the context cap; a node whose observation no longer fits.
@@ -18,7 +22,7 @@ Token ids are kept exactly as sampled and as observations were tokenized.
 from __future__ import annotations
 
 import dataclasses
-import time
+import enum
 from collections.abc import Sequence
 
 import jax
@@ -26,10 +30,8 @@ import jax
 from treegrpo_jax.env.actions import Action, Answer, Invalid, InvalidReason, Search, parse_action
 from treegrpo_jax.env.observation import ObservationConfig, format_observation
 from treegrpo_jax.env.prompt import PromptConfig
-from treegrpo_jax.env.retrieval import Retriever
+from treegrpo_jax.env.retrieval import Retriever, SearchResult
 from treegrpo_jax.env.rewards import evaluation_reward, score_trajectory
-from treegrpo_jax.rollout.engine import Engine
-from treegrpo_jax.rollout.sampling import SamplingParams
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
 
 
@@ -81,10 +83,18 @@ class AgentConfig:
 
 @dataclasses.dataclass
 class PhaseTimes:
-    """Wall seconds per phase of the loop (cost accounting)."""
+    """Wall seconds per phase of a rollout (cost accounting).
+
+    `decode`, `append`, `fork` and `host` are spent on the driver's thread and add up to
+    (nearly) the wall time. `retrieval` is the retriever's own time: on the lock-step
+    driver the loop waits for all of it; on the scheduler it runs beside decoding, and
+    only `retrieval_wait` — the driver idle because every live row waits on a search — is
+    on the critical path.
+    """
 
     decode: float = 0.0
     retrieval: float = 0.0
+    retrieval_wait: float = 0.0
     append: float = 0.0
     fork: float = 0.0
     host: float = 0.0
@@ -148,118 +158,105 @@ def _classify(counters: LoopCounters, action: Action, text: str, *, capped: bool
         counters.invalid_reasons[action.reason.value] += 1
 
 
-def _finish_leaf(tree: Tree, node: Node, golds: Sequence[str]) -> None:
+def finish_leaf(tree: Tree, node: Node, golds: Sequence[str]) -> None:
+    """Marks `node` a leaf and scores its path."""
     node.is_leaf = True
     texts = [n.text for n in tree.path(node.node_id)]
     node.reward = score_trajectory(texts, golds).reward
     node.em = evaluation_reward(texts, golds)
 
 
-def advance(
-    engine: Engine,
-    env: AgentEnv,
-    trajs: list[Trajectory],
-    cfg: AgentConfig,
+class StepEnd(enum.StrEnum):
+    """What follows a finished step."""
+
+    LEAF = "leaf"  # an answer, the forced step, or a full context: the trajectory is done
+    SEARCH = "search"  # `node.query` goes to the retriever; its result is the observation
+    FEEDBACK = "feedback"  # no valid action: the invalid-action text is the observation
+
+
+def end_step(
+    traj: Trajectory,
+    tokens: list[int],
+    logprobs: list[float],
     *,
-    greedy: bool = False,
-    times: PhaseTimes | None = None,
-    counters: LoopCounters | None = None,
-) -> None:
-    """Runs `trajs` until every one reaches a leaf; grows their trees in place.
+    hit_eos: bool,
+    hit_stop: bool,
+    hit_context: bool,
+    room: int,
+    env: AgentEnv,
+    cfg: AgentConfig,
+    counters: LoopCounters,
+) -> tuple[Node, StepEnd]:
+    """Adds a finished step to the trajectory's tree as a new node; says what comes next.
 
-    Slots are not freed: a finished trajectory's slot still holds its whole sequence, so
-    later expansion rounds can fork from any node on its path.
+    Args:
+      traj: the trajectory (its `node_id` moves to the new node).
+      tokens, logprobs: the step's generated ids and their sampler log-probs.
+      hit_eos, hit_stop, hit_context: how the step ended (else: its token cap).
+      room: `Engine.room` of the trajectory's slot after the step.
+      env, cfg, counters: the environment, limits and the counters to update.
     """
-    times = times if times is not None else PhaseTimes()
-    counters = counters if counters is not None else LoopCounters()
-    tok = env.tokenizer
-    active = list(trajs)
-    while active:
-        t0 = time.perf_counter()
-        slots = [t.slot for t in active]
-        budgets = [max(1, min(cfg.max_step_tokens, engine.room(s) - 1)) for s in slots]
-        sampling = SamplingParams.make(
-            len(active), temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k_sampling, greedy=greedy
-        )
-        keys = jax.numpy.stack([t.key for t in active])
-        counters.reprefill_tokens += int(sum(engine.lengths[s] + 1 for s in slots))
-        res = engine.decode(slots, max_new_tokens=budgets, sampling=sampling, keys=keys)
-        t1 = time.perf_counter()
-        times.decode += t1 - t0
+    tree, parent = traj.tree, traj.tree.nodes[traj.node_id]
+    text = env.tokenizer.decode(tokens)
+    forced = forced_next(parent, cfg)
+    action = parse_action(text, search_allowed=not forced)
+    _classify(counters, action, text, capped=len(tokens) >= cfg.max_step_tokens and not (hit_eos or hit_stop))
+    node = Node(
+        node_id=len(tree.nodes),
+        parent=parent.node_id,
+        depth=parent.depth + 1,
+        kind=StepKind.INVALID,
+        tokens=tokens,
+        logprobs=logprobs,
+        text=text,
+        tool_calls=parent.tool_calls,
+    )
+    tree.nodes.append(node)
+    parent.children.append(node.node_id)
+    traj.node_id = node.node_id
+    if isinstance(action, Answer):
+        node.kind, node.answer = StepKind.ANSWER, action.text
+    elif hit_context or room <= cfg.min_step_room:
+        node.kind = StepKind.TRUNCATED
+        counters.truncated_leaves += 1
+    elif forced:  # the forced final-answer step did not answer: a leaf all the same
+        counters.invalid_steps += 1
+    elif isinstance(action, Search):
+        node.kind, node.query = StepKind.SEARCH, action.query
+        node.tool_calls += 1
+        counters.tool_calls += 1
+        return node, StepEnd.SEARCH
+    else:
+        counters.invalid_steps += 1
+        return node, StepEnd.FEEDBACK
+    finish_leaf(tree, node, traj.golds)
+    return node, StepEnd.LEAF
 
-        searches: list[tuple[Trajectory, Node, str]] = []
-        feedback: list[tuple[Trajectory, Node]] = []
-        still: list[Trajectory] = []
-        for i, traj in enumerate(active):
-            tokens, logprobs = res.row(i)
-            tree, parent = traj.tree, traj.tree.nodes[traj.node_id]
-            text = tok.decode(tokens)
-            forced = forced_next(parent, cfg)
-            action = parse_action(text, search_allowed=not forced)
-            _classify(
-                counters,
-                action,
-                text,
-                capped=len(tokens) >= cfg.max_step_tokens and not (res.hit_eos[i] or res.hit_stop[i]),
-            )
-            node = Node(
-                node_id=len(tree.nodes),
-                parent=parent.node_id,
-                depth=parent.depth + 1,
-                kind=StepKind.INVALID,
-                tokens=tokens,
-                logprobs=logprobs,
-                text=text,
-                tool_calls=parent.tool_calls,
-            )
-            tree.nodes.append(node)
-            parent.children.append(node.node_id)
-            traj.node_id = node.node_id
-            if isinstance(action, Answer):
-                node.kind, node.answer = StepKind.ANSWER, action.text
-                _finish_leaf(tree, node, traj.golds)
-            elif res.hit_context[i] or engine.room(traj.slot) <= cfg.min_step_room:
-                node.kind = StepKind.TRUNCATED
-                counters.truncated_leaves += 1
-                _finish_leaf(tree, node, traj.golds)
-            elif forced:  # the forced final-answer step did not answer: a leaf all the same
-                counters.invalid_steps += 1
-                _finish_leaf(tree, node, traj.golds)
-            elif isinstance(action, Search):
-                node.kind, node.query = StepKind.SEARCH, action.query
-                node.tool_calls += 1
-                counters.tool_calls += 1
-                searches.append((traj, node, action.query))
-            else:
-                counters.invalid_steps += 1
-                feedback.append((traj, node))
-        t2 = time.perf_counter()
-        times.host += t2 - t1
 
-        observations: dict[int, str] = {}
-        if searches:
-            results = env.retriever.search([q for _, _, q in searches], cfg.top_k)
-            for (_, node, _), result in zip(searches, results, strict=True):
-                counters.retrieval_errors += int(not result.ok)
-                observations[id(node)] = format_observation(result, tokenizer=tok, cfg=env.observation)
-        t3 = time.perf_counter()
-        times.retrieval += t3 - t2
+def observation_text(
+    env: AgentEnv, cfg: AgentConfig, node: Node, result: SearchResult | None, counters: LoopCounters
+) -> str:
+    """What the environment answers after `node`: its search result, or the feedback text."""
+    if result is None:
+        text = env.prompt.invalid_action
+    else:
+        counters.retrieval_errors += int(not result.ok)
+        text = format_observation(result, tokenizer=env.tokenizer, cfg=env.observation)
+    if forced_next(node, cfg):
+        text += env.prompt.forced_answer
+    return text
 
-        writes: dict[int, list[int]] = {}
-        for traj, node in [(t, n) for t, n, _ in searches] + feedback:
-            text = observations.get(id(node), env.prompt.invalid_action)
-            if forced_next(node, cfg):
-                text += env.prompt.forced_answer
-            obs_tokens = env.encode_obs(text)
-            if len(obs_tokens) + cfg.min_step_room > engine.room(traj.slot):
-                counters.truncated_leaves += 1
-                _finish_leaf(traj.tree, node, traj.golds)  # the observation does not fit
-                continue
-            node.obs_tokens = obs_tokens
-            writes[traj.slot] = obs_tokens
-            still.append(traj)
-        t4 = time.perf_counter()
-        engine.append(writes)
-        times.host += t4 - t3
-        times.append += time.perf_counter() - t4
-        active = still
+
+def place_observation(
+    traj: Trajectory, node: Node, obs_tokens: list[int], room: int, cfg: AgentConfig, counters: LoopCounters
+) -> bool:
+    """Records the observation on `node` if it fits the slot (`room`); else `node` is a leaf.
+
+    Returns whether the trajectory goes on (the caller then appends `obs_tokens`).
+    """
+    if len(obs_tokens) + cfg.min_step_room > room:
+        counters.truncated_leaves += 1
+        finish_leaf(traj.tree, node, traj.golds)  # the observation does not fit
+        return False
+    node.obs_tokens = obs_tokens
+    return True

@@ -88,3 +88,32 @@ def set_successors(model: Decoder, successors: Mapping[int, int], *, default: in
     head = np.zeros((v, v), np.float32)
     head[np.arange(v), nxt] = _LOGIT
     model.lm_head.set_value(jnp.asarray(head, model.lm_head.get_value().dtype))
+
+
+def set_transitions(
+    model: Decoder, transitions: Mapping[int, Mapping[int, float]], *, default: Mapping[int, float]
+) -> None:
+    """Rewires a bigram model as a Markov chain: after `t`, sampling draws from `transitions[t]`.
+
+    Each distribution maps next token → probability (normalised here); every other token
+    gets ~e⁻³⁰ of the mass. Tokens without an entry continue from `default` (so each step,
+    after the prompt or an observation, starts from it). Sampled at temperature 1 this
+    writes random but well-formed-or-not agent steps: searches, answers, tag soup.
+    """
+    v = model.cfg.vocab_size
+    floor = -30.0
+    logits = np.full((v, v), floor, np.float64)
+
+    def row(dist: Mapping[int, float]) -> np.ndarray:
+        out = np.full(v, floor, np.float64)
+        total = sum(dist.values())
+        for b, p in dist.items():
+            out[b] = np.log(p / total)
+        return out
+
+    logits[:] = row(default)
+    for a, dist in transitions.items():
+        logits[a] = row(dist)
+    # The final RMSNorm leaves √V on the token's one-hot coordinate: divide it out.
+    head = logits / np.sqrt(v)
+    model.lm_head.set_value(jnp.asarray(head, model.lm_head.get_value().dtype))

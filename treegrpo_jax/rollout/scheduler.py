@@ -1,0 +1,374 @@
+"""Continuous batching of tree rollouts: the engine stays full, retrieval runs beside it.
+
+Every walk (a trajectory in the making) is in one state:
+
+    DECODING ──step ends──▶ WAITING (search sent) ──result──▶ READY ──append──▶ DECODING
+        │                        (feedback: READY at once)
+        └──answer / forced step / full context──▶ DONE
+
+and the loop repeats, with no barrier between prompts, trees or rounds:
+
+  1. admit queued prompts while the pool has room for their whole trees (a prompt's
+     slots are held until all its leaves are done, so later rounds can fork from any node);
+  2. append every READY observation in one `Engine.append`;
+  3. one decode *quantum* over every DECODING walk: at most `quantum` steps, returning
+     early once `exit_fraction` of the rows' steps ended; a step may span many quanta
+     (the engine keeps each slot's stop-string window, the walk keeps its tokens);
+  4. `end_step` for each walk whose step ended; all searches of that moment go to the
+     retrieval thread as one batched call; a tree whose round is done picks its next
+     round's nodes and forks them at once (all such trees in one `Engine.fork`);
+  5. collect finished searches without blocking — or, when nothing is left to decode,
+     wait for the first (`PhaseTimes.retrieval_wait`).
+
+Trees equal the lock-step driver's for the same key (tests/rollout/test_scheduler.py):
+sampling depends only on a row's key and write position, picks on (key, prompt, tree,
+round), and `renumber_round` gives the nodes the lock-step order's ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import enum
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+
+from treegrpo_jax.data.rows import QARow
+from treegrpo_jax.env.retrieval import SearchResult
+from treegrpo_jax.rollout.agent import (
+    StepEnd,
+    Trajectory,
+    end_step,
+    observation_text,
+    place_observation,
+)
+from treegrpo_jax.rollout.sampling import SamplingParams
+from treegrpo_jax.rollout.search_state import (
+    RolloutCancelled,
+    RolloutContext,
+    TreeState,
+    fork_branches,
+    record_holder,
+    renumber_round,
+    start_trees,
+)
+from treegrpo_jax.rollout.tree import Node, Tree
+
+
+class Driver(enum.StrEnum):
+    CONTINUOUS = "continuous"  # this module (the default)
+    LOCKSTEP = "lockstep"  # rollout/lockstep.py: the reference
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """How rollouts are driven (values chosen by `benchmarks/rollout.py --parts=scheduler`).
+
+    Attributes:
+      driver: continuous (this module) or lockstep (the reference).
+      quantum: decode steps per engine call at most (a power of two: one compile).
+      exit_fraction: a call returns once this fraction of its rows' steps ended, so they
+        leave the batch instead of being computed idle.
+      admit_prompts: queued prompts are admitted only this many at a time (one prefill for
+        all), unless nothing else is left to decode.
+    """
+
+    driver: Driver = Driver.CONTINUOUS
+    quantum: int = 16
+    exit_fraction: float = 0.25
+    admit_prompts: int = 4
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "driver", Driver(self.driver))
+        except ValueError:
+            raise ValueError(
+                f"SchedulerConfig.driver={self.driver!r}; allowed: {[d.value for d in Driver]}"
+            ) from None
+        q = self.quantum
+        if isinstance(q, bool) or not isinstance(q, int) or q < 1 or q & (q - 1):
+            raise ValueError(f"SchedulerConfig.quantum must be a power of two ≥ 1, got {q!r}")
+        if isinstance(self.exit_fraction, bool) or not 0 < self.exit_fraction <= 1:
+            raise ValueError(f"SchedulerConfig.exit_fraction must be in (0, 1], got {self.exit_fraction!r}")
+        a = self.admit_prompts
+        if isinstance(a, bool) or not isinstance(a, int) or a < 1:
+            raise ValueError(f"SchedulerConfig.admit_prompts must be an int ≥ 1, got {a!r}")
+
+
+class WalkState(enum.StrEnum):
+    DECODING = "decoding"
+    WAITING = "waiting"  # its search is with the retriever
+    READY = "ready"  # its observation waits for the next append
+    DONE = "done"
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Prompt:
+    slots: list[int]  # taken so far
+    reserved: int  # slots its later rounds will still take
+    open_trees: int
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Tree:
+    state: TreeState
+    prompt: _Prompt
+    round: int = -1  # -1: the first chain; r ≥ 0: expansion round r
+    first_new: int = 1  # node count when the round started
+    order: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # node → lock-step key
+    walks: list[_Walk] = dataclasses.field(default_factory=list)  # this round's, in branch order
+    open_walks: int = 0
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Walk:
+    traj: Trajectory
+    tree: _Tree
+    branch: int  # index among its round's walks of its tree
+    state: WalkState = WalkState.DECODING
+    steps: int = 0  # nodes made in this round
+    tokens: list[int] = dataclasses.field(default_factory=list)  # the current step so far
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    node: Node | None = None  # the node whose observation is awaited
+    obs: list[int] | None = None  # READY: the observation to append
+
+
+class Scheduler:
+    """Runs one rollout call; `run` returns the trees prompt-major, then tree id."""
+
+    def __init__(
+        self,
+        ctx: RolloutContext,
+        rows: Sequence[QARow],
+        uids: Sequence[int],
+        cfg: SchedulerConfig,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+    ):
+        self.ctx, self.rows, self.uids, self.cfg = ctx, rows, uids, cfg
+        self.should_stop = should_stop or (lambda: False)
+        self.queue = collections.deque(range(len(rows)))
+        self.trees: dict[int, list[Tree]] = {}  # row index → its M trees
+        self.decoding: list[_Walk] = []
+        self.ready: list[_Walk] = []
+        self.inflight: collections.deque = collections.deque()  # (future, walks) in submit order
+        self.prompts: list[_Prompt] = []
+        self.reserved = 0  # slots admitted prompts will still take
+        g = ctx.search.leaves_per_prompt
+        self.later = g - ctx.search.num_trees  # a prompt's slots after its first chains
+        self.sampling = {}  # rows → SamplingParams (the same knobs for every row)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> list[Tree]:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval")
+        self.pool = pool
+        try:
+            while self.queue or self.decoding or self.ready or self.inflight:
+                if self.should_stop():
+                    raise RolloutCancelled("rollout stopped on request (SIGTERM)")
+                self._admit()
+                self._collect(block=False)
+                self._append_ready()
+                if self.decoding:
+                    self._quantum()
+                elif self.inflight:
+                    self._collect(block=True)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            for prompt in self.prompts:  # after an error: hand back what is still held
+                if prompt.open_trees:
+                    self.ctx.engine.free(prompt.slots)
+        return [t for i in range(len(self.rows)) for t in self.trees[i]]
+
+    def _admit(self) -> None:
+        engine, g = self.ctx.engine, self.ctx.search.leaves_per_prompt
+        fits = min(len(self.queue), (engine.num_free - self.reserved) // g)
+        # Batched admission: one prefill for several prompts, unless the engine would idle.
+        idle = not (self.decoding or self.ready)
+        if fits <= 0 or (fits < self.cfg.admit_prompts and fits < len(self.queue) and not idle):
+            return
+        t0 = time.perf_counter()
+        idx = [self.queue.popleft() for _ in range(fits)]
+        states, trajs, slots = start_trees(
+            self.ctx, [self.rows[i] for i in idx], idx, [self.uids[i] for i in idx]
+        )
+        m = self.ctx.search.num_trees
+        for p, row in enumerate(idx):
+            prompt = _Prompt(
+                slots=[trajs[p * m + t].slot for t in range(m)], reserved=self.later, open_trees=m
+            )
+            self.prompts.append(prompt)
+            self.reserved += self.later
+            self.trees[row] = [s.tree for s in states[p * m : (p + 1) * m]]
+            for t in range(m):
+                tree = _Tree(state=states[p * m + t], prompt=prompt)
+                self._start_walks(tree, [trajs[p * m + t]])
+        del slots
+        self.ctx.times.append += time.perf_counter() - t0
+
+    def _start_walks(self, tree: _Tree, trajs: list[Trajectory]) -> None:
+        tree.first_new = len(tree.state.tree.nodes)
+        tree.walks = [_Walk(traj=t, tree=tree, branch=b) for b, t in enumerate(trajs)]
+        tree.open_walks = len(trajs)
+        tree.order = {}
+        self.decoding += tree.walks
+
+    # ---------------------------------------------------------------- decode
+    def _quantum(self) -> None:
+        ctx, engine, cfg = self.ctx, self.ctx.engine, self.ctx.agent
+        t0 = time.perf_counter()
+        walks = self.decoding
+        slots = [w.traj.slot for w in walks]
+        for w in walks:
+            if not w.tokens:  # a step starts: what a resubmitting engine would prefill
+                ctx.counters.reprefill_tokens += int(engine.lengths[w.traj.slot] + 1)
+        budgets = [
+            max(1, min(cfg.max_step_tokens - len(w.tokens), engine.room(w.traj.slot) - 1)) for w in walks
+        ]
+        res = engine.decode(
+            slots,
+            max_new_tokens=budgets,
+            sampling=self._sampling(len(walks)),
+            keys=jax.numpy.stack([w.traj.key for w in walks]),
+            num_steps=self.cfg.quantum,
+            exit_after=math.ceil(self.cfg.exit_fraction * len(walks)),
+        )
+        t1 = time.perf_counter()
+        ctx.times.decode += t1 - t0
+        still, searches, forks = [], [], []
+        for i, w in enumerate(walks):
+            tokens, logprobs = res.row(i)
+            w.tokens += tokens
+            w.logprobs += logprobs
+            ended = res.hit_eos[i] or res.hit_stop[i] or res.hit_context[i] or len(tokens) >= budgets[i]
+            if not ended:
+                still.append(w)
+                continue
+            node, end = end_step(
+                w.traj,
+                w.tokens,
+                w.logprobs,
+                hit_eos=bool(res.hit_eos[i]),
+                hit_stop=bool(res.hit_stop[i]),
+                hit_context=bool(res.hit_context[i]),
+                room=engine.room(w.traj.slot),
+                env=ctx.env,
+                cfg=cfg,
+                counters=ctx.counters,
+            )
+            w.tree.order[node.node_id] = (w.steps, w.branch)
+            w.steps += 1
+            w.tokens, w.logprobs = [], []
+            if end is StepEnd.LEAF:
+                self._walk_done(w, forks)
+            elif end is StepEnd.SEARCH:
+                w.state, w.node = WalkState.WAITING, node
+                searches.append(w)
+            else:
+                self._observe(w, node, None, forks)
+        self.decoding = still
+        if searches:
+            self._submit(searches)
+        if forks:
+            self._fork(forks)
+        ctx.times.host += time.perf_counter() - t1
+
+    def _sampling(self, n: int) -> SamplingParams:
+        if n not in self.sampling:
+            a = self.ctx.agent
+            self.sampling[n] = SamplingParams.make(
+                n, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k_sampling, greedy=self.ctx.greedy
+            )
+        return self.sampling[n]
+
+    # ------------------------------------------------------------ retrieval
+    def _submit(self, walks: list[_Walk]) -> None:
+        retriever, k = self.ctx.env.retriever, self.ctx.agent.top_k
+        queries = [w.node.query for w in walks]
+
+        def search() -> tuple[list[SearchResult], float]:
+            t0 = time.perf_counter()
+            results = retriever.search(queries, k)
+            return results, time.perf_counter() - t0
+
+        self.inflight.append((self.pool.submit(search), walks))
+
+    def _collect(self, *, block: bool) -> None:
+        """Turns finished searches into READY observations (in submit order)."""
+        if block and self.inflight:
+            t0 = time.perf_counter()
+            concurrent.futures.wait([self.inflight[0][0]])
+            self.ctx.times.retrieval_wait += time.perf_counter() - t0
+        forks = []
+        while self.inflight and self.inflight[0][0].done():
+            future, walks = self.inflight.popleft()
+            results, seconds = future.result()  # re-raises RetrieverUnavailableError here
+            self.ctx.times.retrieval += seconds
+            for w, result in zip(walks, results, strict=True):
+                self._observe(w, w.node, result, forks)
+        if forks:
+            self._fork(forks)
+
+    def _observe(self, w: _Walk, node: Node, result: SearchResult | None, forks: list[_Tree]) -> None:
+        """The observation after `node` becomes READY, or the walk ends if it does not fit."""
+        ctx = self.ctx
+        obs = ctx.env.encode_obs(observation_text(ctx.env, ctx.agent, node, result, ctx.counters))
+        if place_observation(w.traj, node, obs, ctx.engine.room(w.traj.slot), ctx.agent, ctx.counters):
+            w.state, w.obs, w.node = WalkState.READY, obs, None
+            self.ready.append(w)
+        else:
+            self._walk_done(w, forks)
+
+    def _append_ready(self) -> None:
+        if not self.ready:
+            return
+        t0 = time.perf_counter()
+        self.ctx.engine.append({w.traj.slot: w.obs for w in self.ready})
+        for w in self.ready:
+            w.state, w.obs = WalkState.DECODING, None
+        self.decoding += self.ready
+        self.ready = []
+        self.ctx.times.append += time.perf_counter() - t0
+
+    # ----------------------------------------------------------- tree rounds
+    def _walk_done(self, w: _Walk, forks: list[_Tree]) -> None:
+        """Ends a walk; a tree whose round is over joins `forks` (its next round) or is done."""
+        w.state = WalkState.DONE
+        tree = w.tree
+        tree.open_walks -= 1
+        if tree.open_walks:
+            return
+        # The round is over for this tree: lock-step ids, then which slot holds each node.
+        remap = renumber_round(tree.state.tree, tree.first_new, tree.order)
+        for walk in tree.walks:
+            walk.traj.node_id = remap.get(walk.traj.node_id, walk.traj.node_id)
+            record_holder(tree.state, walk.traj)
+        tree.round += 1
+        if tree.round < self.ctx.search.expansion_rounds:
+            forks.append(tree)
+            return
+        prompt = tree.prompt
+        prompt.open_trees -= 1
+        if not prompt.open_trees:
+            self.ctx.engine.free(prompt.slots)
+
+    def _fork(self, trees: list[_Tree]) -> None:
+        """Starts the next round of every tree in `trees` with one cache copy call."""
+        t0 = time.perf_counter()
+        picks = [(tree.state, self.ctx.pick(tree.state, tree.round)) for tree in trees]
+        n = sum(len(p) for _, p in picks)
+        slots = self.ctx.engine.allocate(n)
+        trajs = fork_branches(self.ctx, picks, slots)
+        offset = 0
+        for tree, (_, tree_picks) in zip(trees, picks, strict=True):
+            k = len(tree_picks)
+            tree.prompt.slots += slots[offset : offset + k]
+            tree.prompt.reserved -= k
+            self.reserved -= k
+            self._start_walks(tree, trajs[offset : offset + k])
+            offset += k
+        self.ctx.times.fork += time.perf_counter() - t0

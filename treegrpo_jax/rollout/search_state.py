@@ -1,0 +1,282 @@
+"""What both rollout drivers share: the tree shape, per-tree state, keys, picks and costs.
+
+Legend: P prompts, M trees per prompt, N picks per tree per round, L rounds,
+G = M·(1 + N·L) leaves per prompt.
+
+Initialize-then-expand (the paper): for each prompt, M independent chains each start a
+tree; then L rounds, each picking N nodes per tree uniformly with replacement among the
+root and the non-leaf nodes, and continuing a new branch from the end of each
+(observation included; the branch inherits the node's tool-call count). Prefix sharing
+is physical: a prompt is prefilled once and forked to its M trees, and a branch starts
+by copying the cache rows of a slot whose sequence passes through the picked node.
+Chain GRPO is N = 0 (or L = 0): M chains per prompt.
+
+Determinism: a tree depends only on the rollout key, its prompt's uid, its tree id and
+the weights — not on the batch it shares or the order the driver runs things in. Branch
+b's sampling stream is `fold_in(key, uid, tree, b)`; round r's picks draw from a
+generator seeded by (key, uid, tree, r); node ids follow the lock-step order (step k of
+every branch of a round before step k+1, branches in order), which `renumber_round`
+restores for a driver that finishes the steps in another order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from treegrpo_jax.data.rows import QARow
+from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv, LoopCounters, PhaseTimes, Trajectory
+from treegrpo_jax.rollout.engine import Engine, EngineStats, OutOfSlotsError
+from treegrpo_jax.rollout.tree import Node, StepKind, Tree
+
+
+class RolloutCancelled(RuntimeError):
+    """`should_stop` asked the rollout to stop (SIGTERM): nothing of it is kept."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TreeSearchConfig:
+    """Tree shape. Leaves per prompt G = M·(1+N·L)."""
+
+    num_trees: int = 2  # M
+    num_picks: int = 2  # N
+    num_rounds: int = 1  # L
+
+    def __post_init__(self):
+        for name in ("num_trees", "num_picks", "num_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"TreeSearchConfig.{name} must be an int, got {value!r}")
+        if self.num_trees < 1:
+            raise ValueError(f"TreeSearchConfig.num_trees (M) must be ≥ 1, got {self.num_trees}")
+        if self.num_picks < 0 or self.num_rounds < 0:
+            raise ValueError(
+                "TreeSearchConfig.num_picks (N) and num_rounds (L) must be ≥ 0, "
+                f"got {self.num_picks}, {self.num_rounds}"
+            )
+
+    @property
+    def leaves_per_prompt(self) -> int:
+        return self.num_trees * (1 + self.num_picks * self.num_rounds)
+
+    @property
+    def expansion_rounds(self) -> int:
+        """Rounds that add branches (0 for chains)."""
+        return self.num_rounds if self.num_picks else 0
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    """Cost accounting of one rollout call."""
+
+    prompts: int = 0
+    leaves: int = 0
+    decoded_tokens: int = 0
+    prefilled_tokens: int = 0  # prompts (once per prompt) + observations (once per node)
+    forked_tokens: int = 0  # prefix tokens branches got by cache copy
+    reprefill_tokens: int = 0  # an engine resubmitting the whole context every turn
+    tool_calls: int = 0
+    invalid_steps: int = 0
+    truncated_leaves: int = 0
+    retrieval_errors: int = 0
+    capped_steps: int = 0
+    clipped_actions: int = 0
+    undecodable_steps: int = 0
+    # Engine use: how full the decode batches were, and how much of what they computed was kept.
+    slots: int = 0  # the pool
+    decode_calls: int = 0
+    decode_steps: int = 0
+    row_steps: int = 0  # Σ rows computed per step (bucket padding and stopped rows included)
+    occupancy: float = 0.0  # generated tokens per decode step / slots in the pool
+    waste_fraction: float = 0.0  # 1 - generated tokens / row_steps
+    invalid_reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # reason → steps
+    times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
+    wall: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("times", "invalid_reasons")}
+        out.update({f"invalid_{k}": v for k, v in self.invalid_reasons.items()})
+        out.update({f"time_{k}": v for k, v in dataclasses.asdict(self.times).items()})
+        return out
+
+    def fill(self, trees: Sequence[Tree], es: EngineStats, counters: LoopCounters, slots: int) -> None:
+        """Totals from the trees, the engine's counters and the loop's counters."""
+        self.leaves = sum(len(t.leaves()) for t in trees)
+        self.decoded_tokens, self.prefilled_tokens = es.decoded_tokens, es.prefilled_tokens
+        self.forked_tokens = es.forked_tokens
+        self.slots, self.decode_calls, self.decode_steps = slots, es.decode_calls, es.decode_steps
+        self.row_steps = es.row_steps
+        self.occupancy = es.decoded_tokens / max(1, es.decode_steps * slots)
+        self.waste_fraction = 1.0 - es.decoded_tokens / max(1, es.row_steps)
+        for f in dataclasses.fields(LoopCounters):
+            setattr(self, f.name, getattr(counters, f.name))
+
+
+@dataclasses.dataclass(kw_only=True)
+class TreeState:
+    """One tree in the making."""
+
+    tree: Tree
+    uid: int  # the prompt's stable id (keys and picks fold it in)
+    golds: tuple[str, ...]
+    holder: dict[int, int]  # node id → a slot whose sequence passes through that node's end
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutContext:
+    """Everything a driver needs besides the prompts: one object instead of ten arguments."""
+
+    engine: Engine
+    env: AgentEnv
+    search: TreeSearchConfig
+    agent: AgentConfig
+    key: jax.Array
+    greedy: bool = False
+    times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
+    counters: LoopCounters = dataclasses.field(default_factory=LoopCounters)
+
+    def __post_init__(self):
+        data = (
+            jax.random.key_data(self.key)
+            if jax.dtypes.issubdtype(self.key.dtype, jax.dtypes.prng_key)
+            else self.key
+        )
+        self._key_words = [int(w) for w in np.asarray(data, np.uint32).ravel()]
+
+    def branch_key(self, uid: int, tree_id: int, branch: int) -> jax.Array:
+        # Every branch has its own stream (fold in its identity), so siblings from the same node
+        # do not sample the same continuation.
+        k = jax.random.fold_in(jax.random.fold_in(self.key, uid), tree_id)
+        return jax.random.fold_in(k, branch)
+
+    def pick(self, state: TreeState, round_idx: int) -> list[tuple[Node, int]]:
+        """Round `round_idx`'s N picks of `state`'s tree: (node to branch from, branch number).
+
+        Uniform with replacement over the root and the non-leaf nodes, from a generator
+        seeded by the rollout key, the prompt, the tree and the round: a different run seed
+        expands different nodes, and a tree picks the same alone, in any batch, on any host.
+        """
+        candidates = state.tree.expandable()
+        rng = np.random.default_rng([*self._key_words, state.uid, state.tree.tree_id, round_idx])
+        chosen = rng.integers(0, len(candidates), self.search.num_picks)
+        first = 1 + round_idx * self.search.num_picks
+        return [(candidates[j], first + i) for i, j in enumerate(chosen)]
+
+
+def prompt_tokens(env: AgentEnv, question: str) -> list[int]:
+    """The prompt ids: the rendered instruction, in the chat template when the tokenizer has one."""
+    message = env.prompt.render(question)
+    tok = env.tokenizer
+    if getattr(tok, "has_chat_template", False):
+        return tok.encode_chat([{"role": "user", "content": message}], add_generation_prompt=True)
+    return tok.encode(message)
+
+
+def check_pool(engine: Engine, search: TreeSearchConfig) -> None:
+    """A prompt's whole tree must fit the pool (its slots are held until all its leaves are done)."""
+    g = search.leaves_per_prompt
+    if engine.num_free < g:
+        raise OutOfSlotsError(
+            f"one prompt needs {g} slots (M·(1+N·L)) but the engine has {engine.num_free} free; "
+            f"raise rollout slots or shrink the tree"
+        )
+
+
+def start_trees(
+    ctx: RolloutContext, rows: Sequence[QARow], row_ids: Sequence[int], uids: Sequence[int]
+) -> tuple[list[TreeState], list[Trajectory], list[int]]:
+    """Prefills each prompt once, forks it to its M trees; returns trees, first walks, slots taken.
+
+    States and walks are prompt-major, then tree id.
+    """
+    engine, m = ctx.engine, ctx.search.num_trees
+    first_slots = engine.allocate(len(rows))
+    prompts = {}
+    for slot, row in zip(first_slots, rows, strict=True):
+        prompts[slot] = prompt_tokens(ctx.env, row.question)
+        if len(prompts[slot]) + ctx.agent.min_step_room > engine.max_len:
+            engine.free(first_slots)
+            raise ValueError(
+                f"question {row.id!r}: prompt of {len(prompts[slot])} tokens does not fit the context"
+            )
+    engine.append(prompts)  # each prompt prefilled once …
+    others = engine.allocate(len(rows) * (m - 1))
+    engine.fork([s for s in first_slots for _ in range(m - 1)], others)  # … and copied to its other trees
+    states, trajs = [], []
+    for r, (row, row_id, uid) in enumerate(zip(rows, row_ids, uids, strict=True)):
+        for tree_id in range(m):
+            slot = first_slots[r] if tree_id == 0 else others[r * (m - 1) + tree_id - 1]
+            tree = Tree(
+                prompt_id=row_id,
+                tree_id=tree_id,
+                prompt_tokens=prompts[first_slots[r]],
+                nodes=[Node(node_id=0, parent=-1, depth=0, kind=StepKind.ROOT)],
+            )
+            state = TreeState(tree=tree, uid=uid, golds=tuple(row.golden_answers), holder={0: slot})
+            states.append(state)
+            key = ctx.branch_key(uid, tree_id, 0)
+            trajs.append(Trajectory(tree=tree, node_id=0, slot=slot, key=key, golds=state.golds))
+    return states, trajs, first_slots + others
+
+
+def fork_branches(
+    ctx: RolloutContext, picks: Sequence[tuple[TreeState, list[tuple[Node, int]]]], slots: list[int]
+) -> list[Trajectory]:
+    """Starts one walk per pick (in order) in `slots`, each a cache copy of the node's path.
+
+    Args:
+      ctx: the rollout.
+      picks: per tree, its (node, branch number) picks (`RolloutContext.pick`).
+      slots: one allocated slot per pick, in the same order.
+    """
+    flat = [(state, node, branch) for state, tree_picks in picks for node, branch in tree_picks]
+    ctx.engine.fork(
+        [state.holder[node.node_id] for state, node, _ in flat],
+        slots,
+        prefix=[state.tree.path_tokens(node.node_id)[0] for state, node, _ in flat],
+    )
+    return [
+        Trajectory(
+            tree=state.tree,
+            node_id=node.node_id,
+            slot=slot,
+            key=ctx.branch_key(state.uid, state.tree.tree_id, branch),
+            golds=state.golds,
+        )
+        for (state, node, branch), slot in zip(flat, slots, strict=True)
+    ]
+
+
+def record_holder(state: TreeState, traj: Trajectory) -> None:
+    """After `traj` reached its leaf: its slot holds every node from its start down to the leaf."""
+    node_id = traj.node_id
+    while node_id > 0 and node_id not in state.holder:
+        state.holder[node_id] = traj.slot
+        node_id = state.tree.nodes[node_id].parent
+
+
+def renumber_round(tree: Tree, first_new: int, order: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Gives the nodes made in one round (ids ≥ `first_new`) the lock-step order's ids.
+
+    Args:
+      tree: the tree, nodes appended in whatever order the driver finished the steps.
+      first_new: the tree's node count when the round started.
+      order: node id → (step of its walk in the round, the walk's branch index).
+
+    Returns:
+      old id → new id (identity for the older nodes).
+    """
+    new_ids = sorted(range(first_new, len(tree.nodes)), key=lambda i: order[i])
+    remap = {old: first_new + k for k, old in enumerate(new_ids)}
+    if all(old == new for old, new in remap.items()):
+        return remap
+    nodes = tree.nodes[:first_new] + [tree.nodes[i] for i in new_ids]
+    for node in nodes:
+        node.node_id = remap.get(node.node_id, node.node_id)
+        node.parent = remap.get(node.parent, node.parent)
+        node.children = sorted(remap.get(c, c) for c in node.children)
+    tree.nodes[:] = nodes
+    return remap
