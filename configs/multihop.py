@@ -70,6 +70,15 @@ def _paper() -> ConfigDict:
     )
     c.observation = ConfigDict(dict(passage_tokens=160, max_tokens=500))  # per passage / whole observation
     c.tree = ConfigDict(dict(num_trees=2, num_picks=2, num_rounds=1))  # M, N, L
+    # How rollouts drive the engine (BENCHMARKS.md §5 measured these on the :tiny workload).
+    c.rollout = ConfigDict(
+        dict(
+            driver="continuous",  # continuous (scheduler, no barriers) | lockstep (the reference)
+            quantum=16,  # decode steps per engine call at most (a power of two)
+            exit_fraction=0.25,  # a call returns once this fraction of its rows' steps ended
+            admit_prompts=4,  # queued prompts join this many at a time (one prefill)
+        )
+    )
     c.rl = ConfigDict(
         dict(
             estimator="tree",  # tree (intra + inter) | intra | inter | grpo

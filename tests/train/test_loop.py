@@ -78,3 +78,92 @@ def test_eval_cli_library_on_saved_checkpoint(uninterrupted, capsys):
     metrics = evaluate_checkpoint(toy_config(), workdir)
     assert metrics["eval/em"] == pytest.approx(final["eval/em"])
     assert "data source" in capsys.readouterr().out
+
+
+def _sigterm_on_decode(monkeypatch, armed):
+    """SIGTERM on the first `Engine.decode` call after `armed()` turns true."""
+    from treegrpo_jax.rollout.engine import Engine
+
+    decode, sent = Engine.decode, []
+
+    def decode_then_preempt(self, *args, **kwargs):
+        if armed() and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "decode", decode_then_preempt)
+    return sent
+
+
+def _preempt_and_resume(monkeypatch, tmp_path, arm_on):
+    """Runs until SIGTERM lands where `arm_on(step, metrics)` says; exits 0; resumes; returns workdir."""
+    write, state = metrics_lib.MetricsWriter.write, {"armed": False}
+
+    def write_and_arm(self, step, metrics):
+        write(self, step, metrics)
+        state["armed"] = state["armed"] or arm_on(step, metrics)
+
+    monkeypatch.setattr(metrics_lib.MetricsWriter, "write", write_and_arm)
+    sent = _sigterm_on_decode(monkeypatch, lambda: state["armed"])
+    workdir = str(tmp_path / "run")
+    with pytest.raises(SystemExit) as stop:
+        train_and_evaluate(toy_config(), workdir)
+    assert stop.value.code == 0 and sent
+    monkeypatch.undo()
+    final = train_and_evaluate(toy_config(), workdir)
+    return workdir, final
+
+
+def _assert_same_log(workdir, workdir_ref):
+    got, want = (read_metrics(os.path.join(w, "metrics.jsonl")) for w in (workdir, workdir_ref))
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want, strict=True):
+        for key in [k for k in KEYS + ["train/loss", "eval/em"] if k in w]:
+            np.testing.assert_allclose(g[key], w[key], rtol=1e-6, err_msg=key)
+
+
+def test_sigterm_during_a_rollout_saves_its_start_and_resumes_exactly(uninterrupted, tmp_path, monkeypatch):
+    """Mid-rollout of step 2: checkpoint 1 is kept, the rollout is dropped, the re-run repeats it."""
+    workdir_ref, final_ref = uninterrupted
+    workdir, final = _preempt_and_resume(
+        monkeypatch, tmp_path, lambda step, m: step == 1 and "train/reward_mean" in m
+    )
+    _assert_same_log(workdir, workdir_ref)
+    assert final["eval/em"] == final_ref["eval/em"]
+
+
+def test_sigterm_during_evaluation_saves_it_pending_and_resumes_exactly(uninterrupted, tmp_path, monkeypatch):
+    """Mid-evaluation after the last step: the step is saved with its evaluation pending."""
+    workdir_ref, final_ref = uninterrupted
+    workdir, final = _preempt_and_resume(
+        monkeypatch, tmp_path, lambda step, m: step == 3 and "train/reward_mean" in m
+    )
+    _assert_same_log(workdir, workdir_ref)
+    assert _untimed(final) == _untimed(final_ref)
+
+
+def test_sigterm_during_the_cold_start_exits_and_the_rerun_repeats_it(uninterrupted, tmp_path, monkeypatch):
+    from treegrpo_jax.train import cold_start as cold_start_lib
+
+    workdir_ref, final_ref = uninterrupted
+    batches = cold_start_lib._length_grouped_batches
+
+    def batches_then_preempt(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return batches(*args, **kwargs)
+
+    monkeypatch.setattr(cold_start_lib, "_length_grouped_batches", batches_then_preempt)
+    workdir = str(tmp_path / "run")
+    with pytest.raises(SystemExit) as stop:
+        train_and_evaluate(toy_config(), workdir)
+    assert stop.value.code == 0
+    assert not os.listdir(os.path.join(workdir, "checkpoints"))  # nothing half-done kept
+    monkeypatch.undo()
+    final = train_and_evaluate(toy_config(), workdir)
+    _assert_same_log(workdir, workdir_ref)
+    assert _untimed(final) == _untimed(final_ref)
+
+
+def _untimed(metrics):
+    return {k: v for k, v in metrics.items() if "wall" not in k and "time" not in k}

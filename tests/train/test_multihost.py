@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # Noise-level statistics: the toy policy's gradient is ~1e-10 (all rewards 0) and the sampler
 # gap ~1e-7, so only their magnitude can agree across different reduction orders.
 NOISE_KEYS = {"train/grad_norm", "train/logp_gap"}
+# How the engine's batches were cut: each host decodes its own share, so these differ by design.
+ENGINE_USE_KEYS = {
+    f"rollout/{k}"
+    for k in ("slots", "decode_calls", "decode_steps", "row_steps", "occupancy", "waste_fraction")
+}
 
 
 def _free_port() -> int:
@@ -64,7 +69,7 @@ def test_two_processes_log_what_one_process_logs(runs):
     for w, g in zip(want, got, strict=True):
         assert set(w) == set(g)
         for key in sorted(w):
-            if "time" in key or "wall" in key:
+            if "time" in key or "wall" in key or key in ENGINE_USE_KEYS:
                 continue
             if key in NOISE_KEYS:
                 assert abs(g[key] - w[key]) < 1e-6, key

@@ -53,6 +53,11 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="tree.num_picks", value=-1, hint="≥ 0"),
     BadConfig(key="tree.num_rounds", value=1.5, hint="must be an int"),
     BadConfig(key="tree.num_tree", value=2, hint=r"unknown key.*known"),
+    # rollout driver
+    BadConfig(key="rollout.driver", value="async", hint=r"allowed: \['continuous', 'lockstep'\]"),
+    BadConfig(key="rollout.quantum", value=12, hint="power of two"),
+    BadConfig(key="rollout.exit_fraction", value=0.0, hint=r"in \(0, 1\]"),
+    BadConfig(key="rollout.admit_prompts", value=0, hint="≥ 1"),
     # batch divisibility, buckets, loss
     BadConfig(key="run.prompts_per_step", value=7, hint="divisible by"),
     BadConfig(key="rl.num_minibatches", value=3, hint="divisible by"),

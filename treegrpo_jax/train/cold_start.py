@@ -17,7 +17,13 @@ from treegrpo_jax.rl.train_step import jit_train_step
 log = logging.getLogger(__name__)
 
 
-def cold_start(model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: int, on_metrics=None):
+class ColdStartCancelled(RuntimeError):
+    """`should_stop` asked the cold start to stop (SIGTERM); it repeats exactly when re-run."""
+
+
+def cold_start(
+    model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: int, on_metrics=None, should_stop=None
+):
     """Trains `model` on `sft.demonstrations` scripted trajectories for `sft.steps` steps.
 
     Returns the trained params (an nnx.State in the model's shardings) and the mean
@@ -60,6 +66,8 @@ def cold_start(model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: 
     batches: list[np.ndarray] = []
     bar = tqdm.trange(sft.steps, desc="cold-start SFT", dynamic_ncols=True)
     for step in bar:
+        if should_stop is not None and should_stop():
+            raise ColdStartCancelled(f"cold start stopped on request at SFT step {step}/{sft.steps}")
         if not batches:
             batches = _length_grouped_batches(lengths, sft.batch_rows, rng)
         idx = batches.pop()

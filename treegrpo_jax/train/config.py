@@ -29,6 +29,7 @@ from treegrpo_jax.rl.batch import BatchLayout, LayoutKind
 from treegrpo_jax.rl.loss import LossConfig
 from treegrpo_jax.rl.optim import OptimConfig
 from treegrpo_jax.rollout.agent import AgentConfig
+from treegrpo_jax.rollout.scheduler import SchedulerConfig
 from treegrpo_jax.rollout.tree_search import TreeSearchConfig
 
 
@@ -232,6 +233,7 @@ class TrainConfig:
     sft: SFTSpec
     run: RunSpec
     mesh: MeshConfig
+    rollout: SchedulerConfig = SchedulerConfig()
     template: str = "search_agent"
 
     def __post_init__(self):
@@ -371,6 +373,7 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
         "sft",
         "run",
         "mesh",
+        "rollout",
         "template",
     }
     unknown = sorted(set(c) - known)
@@ -422,5 +425,6 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
         sft=_make(SFTSpec, sft, "sft", optim=sft_optim, script=sft_script),
         run=run,
         mesh=_make(MeshConfig, {"shape": tuple(c["mesh"]["shape"])}, "mesh"),
+        rollout=_make(SchedulerConfig, c.get("rollout", {}), "rollout"),
         template=c.get("template", "search_agent"),
     )

@@ -12,7 +12,7 @@ from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.tree import Tree
-from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+from treegrpo_jax.rollout.tree_search import SchedulerConfig, TreeSearchConfig, rollout
 
 CHAIN = TreeSearchConfig(num_trees=1, num_picks=0, num_rounds=0)
 
@@ -35,10 +35,27 @@ def leaf_metrics(trees: Sequence[Tree], prefix: str) -> dict[str, float]:
 
 
 def evaluate(
-    engine: Engine, env: AgentEnv, rows: Sequence[QARow], agent: AgentConfig, *, seed: int = 0
+    engine: Engine,
+    env: AgentEnv,
+    rows: Sequence[QARow],
+    agent: AgentConfig,
+    *,
+    seed: int = 0,
+    scheduler: SchedulerConfig | None = None,
+    should_stop=None,
 ) -> tuple[dict[str, float], list[Tree]]:
     """EM overall and per `data_source`, tool calls per question and response length."""
-    trees, stats = rollout(engine, env, rows, CHAIN, agent, key=jax.random.key(seed), greedy=True)
+    trees, stats = rollout(
+        engine,
+        env,
+        rows,
+        CHAIN,
+        agent,
+        key=jax.random.key(seed),
+        greedy=True,
+        scheduler=scheduler,
+        should_stop=should_stop,
+    )
     by_source: dict[str, list[float]] = collections.defaultdict(list)
     for row, tree in zip(rows, trees, strict=True):
         by_source[row.data_source].append(tree.leaves()[0].em)

@@ -6,8 +6,11 @@ once (`rl.layout` "packed"; "paths": one row per root-to-leaf path) → advantag
 leaves and the clipped update (`rl.train_step`) → metrics. Every `eval_every` steps,
 greedy EM on the test rows; every `checkpoint_every` steps, an Orbax checkpoint with the
 optimizer, the data-loader position and the step. Re-running
-the same command resumes from the latest checkpoint; SIGTERM (TPU preemption) finishes
-the current step, saves, and exits cleanly. A SIGKILL loses at most the steps since the
+the same command resumes from the latest checkpoint. SIGTERM (a preemption notice: ~30 s)
+is acted on within one decode call wherever it lands: a rollout or an evaluation stops and
+the run saves the last state it can resume exactly (the step's start; an evaluation marked
+pending), an update finishes first, a cold start stops with nothing to save (it repeats
+exactly); then it exits 0. A SIGKILL loses at most the steps since the
 last committed checkpoint, and the re-run repeats them bit for bit. A retrieval server
 unreachable for longer than `retriever.max_outage_s` stops the run with a saved checkpoint
 (`RetrieverUnavailableError`), never a hang.
@@ -34,10 +37,10 @@ from treegrpo_jax.rl.packed import build_packed_batch
 from treegrpo_jax.rl.train_state import create_train_state
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
-from treegrpo_jax.rollout.tree_search import rollout
+from treegrpo_jax.rollout.tree_search import RolloutCancelled, rollout
 from treegrpo_jax.train import multihost, setup
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
-from treegrpo_jax.train.cold_start import cold_start
+from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
 from treegrpo_jax.train.config import ModelSource, TrainConfig
 from treegrpo_jax.train.evaluate import format_table, leaf_metrics
 from treegrpo_jax.train.export import save_model_config
@@ -48,15 +51,23 @@ log = logging.getLogger(__name__)
 
 
 class _Preempted:
-    """Remembers a SIGTERM so the loop can save at the end of the current step."""
+    """Remembers a SIGTERM; rollouts and the cold start poll it (`__call__`) between engine calls."""
 
     def __init__(self):
         self.requested = False
+        self.at = 0.0
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
         del signum, frame
-        self.requested = True
+        self.requested, self.at = True, time.perf_counter()
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def exit(self, what: str) -> None:
+        tqdm.tqdm.write(f"SIGTERM: {what}; exiting {time.perf_counter() - self.at:.1f} s after the signal")
+        raise SystemExit(0)
 
 
 def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
@@ -122,7 +133,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         writer.write(step, metrics)
 
     def run_eval(step, engine):
-        metrics, trees = multihost.evaluate_sharded(engine, env, test_rows, cfg.agent, seed=cfg.run.seed)
+        metrics, trees = multihost.evaluate_sharded(
+            engine, env, test_rows, cfg.agent, seed=cfg.run.seed, scheduler=cfg.rollout, should_stop=preempted
+        )
         log_metrics(step, metrics)
         if primary and cfg.run.render_trees:
             render_trees(
@@ -131,12 +144,22 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         tqdm.tqdm.write(f"[step {step}] eval EM {100 * metrics['eval/em']:.1f}\n{format_table(metrics)}")
         return metrics
 
-    def stop_for_outage(error, step, state, extra, reference=None):
+    def save_now(step, state, extra, reference=None):
         # The state is exactly checkpoint `step` (the update of `step + 1` has not started):
-        # save it, so re-running the same command once the server is back loses nothing.
+        # save it, so re-running the same command loses nothing.
         ckpt.save(step, state, extra, reference=reference, force=True)
         ckpt.wait()
         writer.close()
+
+    def stop_for_sigterm(step, state, extra, reference=None):
+        save_now(step, state, extra, reference)
+        preempted.exit(
+            f"saved step {step}{' (evaluation pending)' if extra.get('eval_pending') else ''}; "
+            "re-run the same command to resume"
+        )
+
+    def stop_for_outage(error, step, state, extra, reference=None):
+        save_now(step, state, extra, reference)
         raise RetrieverUnavailableError(
             f"{error}. Saved checkpoint step {step} in {ckpt.directory}: bring the retrieval server "
             "back and re-run the same command to resume."
@@ -146,17 +169,22 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
     ref_params = None
     if latest is None:
         if cfg.sft.steps:
-            params, demo_reward = cold_start(
-                model,
-                tokenizer,
-                env,
-                data.train,
-                cfg.sft,
-                mesh=mesh,
-                length_buckets=cfg.layout.length_buckets,
-                seed=cfg.run.seed,
-                on_metrics=lambda s, m: None,
-            )
+            try:
+                params, demo_reward = cold_start(
+                    model,
+                    tokenizer,
+                    env,
+                    data.train,
+                    cfg.sft,
+                    mesh=mesh,
+                    length_buckets=cfg.layout.length_buckets,
+                    seed=cfg.run.seed,
+                    on_metrics=lambda s, m: None,
+                    should_stop=preempted,
+                )
+            except ColdStartCancelled as e:
+                writer.close()
+                preempted.exit(f"{e}; no checkpoint yet: re-running the same command repeats it exactly")
             nnx.update(model, params)
             log.info("cold start done (demonstration reward %.3f)", demo_reward)
         state, shardings = create_train_state(model, cfg.optim, mesh=mesh)
@@ -169,6 +197,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
             run_eval(0, engine)  # EM after the cold start
         except RetrieverUnavailableError as e:
             stop_for_outage(e, 0, state, {**extra, "eval_pending": True}, reference=ref_params)
+        except RolloutCancelled:
+            stop_for_sigterm(0, state, {**extra, "eval_pending": True}, reference=ref_params)
         ckpt.save(0, state, extra, reference=ref_params, force=True)
     else:
         state, shardings = create_train_state(model, cfg.optim, mesh=mesh)
@@ -181,8 +211,11 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         log.info("resumed from step %d", start)
     loader.set_state(extra["loader"])
     final_eval: dict[str, float] = {}
-    if extra.get("eval_pending"):  # a retriever outage stopped the evaluation of this step
-        final_eval = run_eval(start, engine)
+    if extra.get("eval_pending"):  # a retriever outage or SIGTERM stopped this step's evaluation
+        try:
+            final_eval = run_eval(start, engine)
+        except RolloutCancelled:
+            preempted.exit(f"evaluation of step {start} still pending (checkpoint {start} kept)")
     elif start == cfg.run.steps:  # killed after the last checkpoint: its evaluation is in the log
         final_eval = _logged_eval(writer.path, start)
 
@@ -211,9 +244,13 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
                 cfg.agent,
                 key=jax.random.fold_in(root_key, step),
                 prompt_uids=[base_uid + i for i in range(len(rows))],
+                scheduler=cfg.rollout,
+                should_stop=preempted,
             )
         except RetrieverUnavailableError as e:
             stop_for_outage(e, step, state, before)
+        except RolloutCancelled:
+            stop_for_sigterm(step, state, before)
         t1 = time.perf_counter()
         if layout_kind == LayoutKind.PACKED:  # each tree's unique tokens once: same loss, fewer tokens
             batch = shard_batch(build_packed_batch(trees, cfg.layout), mesh)
@@ -233,9 +270,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         metrics.update(
             reduce_across_processes(
                 host,
-                sum_keys=[
-                    k for k in host if k.startswith("rollout/") and "time" not in k and "wall" not in k
-                ],
+                sum_keys=[k for k in host if k.startswith("rollout/") and not _is_mean(k)],
             )
         )
         metrics["rollout/reprefill_ratio"] = metrics["rollout/reprefill_tokens"] / max(
@@ -254,14 +289,15 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
                 final_eval = run_eval(done, engine)
             except RetrieverUnavailableError as e:
                 stop_for_outage(e, done, state, {"loader": loader.get_state(), "eval_pending": True})
+            except RolloutCancelled:
+                stop_for_sigterm(done, state, {"loader": loader.get_state(), "eval_pending": True})
             if primary:
                 plot_metrics(os.path.join(workdir, "metrics.jsonl"), plots_dir)
         ckpt.save(done, state, {"loader": loader.get_state()}, force=last or preempted.requested)
         if preempted.requested and not last:
             ckpt.wait()
-            tqdm.tqdm.write(f"SIGTERM: saved step {done}; re-run the same command to resume")
             writer.close()
-            raise SystemExit(0)
+            preempted.exit(f"saved step {done}; re-run the same command to resume")
     ckpt.wait()
     ckpt.close()
     writer.close()
@@ -270,6 +306,11 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         with open(os.path.join(workdir, "final_eval.json"), "w") as f:
             json.dump(final_eval, f, indent=2)
     return final_eval
+
+
+def _is_mean(key: str) -> bool:
+    """Rollout metrics averaged over processes (times, fractions); the others are counts, summed."""
+    return "time" in key or "wall" in key or key.endswith(("/occupancy", "/waste_fraction"))
 
 
 def _logged_eval(metrics_path, step: int) -> dict[str, float]:

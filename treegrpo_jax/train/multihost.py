@@ -129,14 +129,17 @@ def place_batch(batch: PathBatch, mesh: Mesh | None) -> PathBatch:
 
 
 def evaluate_sharded(
-    engine: Engine, env: AgentEnv, rows: Sequence[QARow], agent: AgentConfig, *, seed: int = 0
+    engine: Engine, env: AgentEnv, rows: Sequence[QARow], agent: AgentConfig, *, seed: int = 0, **kw
 ) -> tuple[dict[str, float], list]:
-    """`evaluate` over all hosts: host p takes rows p, p+n, …; returns global metrics, local trees."""
+    """`evaluate` over all hosts: host p takes rows p, p+n, …; returns global metrics, local trees.
+
+    `kw` goes to `evaluate` (the rollout driver, `should_stop`).
+    """
     n, p = jax.process_count(), jax.process_index()
     if n == 1:
-        return evaluate(engine, env, rows, agent, seed=seed)
+        return evaluate(engine, env, rows, agent, seed=seed, **kw)
     mine = list(rows[p::n])
-    metrics, trees = evaluate(engine, env, mine, agent, seed=seed)
+    metrics, trees = evaluate(engine, env, mine, agent, seed=seed, **kw)
     sources = sorted({r.data_source for r in rows})
     per_source = collections.defaultdict(lambda: [0.0, 0.0])
     for row, tree in zip(mine, trees, strict=True):
