@@ -76,7 +76,7 @@ def _paper() -> ConfigDict:
             driver="continuous",  # continuous (scheduler, no barriers) | lockstep (the reference)
             quantum=16,  # decode steps per engine call at most (a power of two)
             exit_fraction=0.25,  # a call returns once this fraction of its rows' steps ended
-            admit_prompts=4,  # queued prompts join this many at a time (one prefill)
+            admit_prompts=1,  # queued prompts join this many at a time (measured: 1 is fastest here)
         )
     )
     c.rl = ConfigDict(

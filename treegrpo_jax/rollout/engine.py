@@ -37,6 +37,19 @@ class OutOfSlotsError(RuntimeError):
     """The pool has fewer free slots than requested."""
 
 
+def _row_bucket(n: int, minimum: int) -> int:
+    """Smallest 2^k or 3·2^(k-1) ≥ n (at least `minimum`): at most a third of a call is padding.
+
+    Every row of a decode call costs its matmuls whether it is live or not, so a pure
+    power of two (up to half padding) wastes more than the extra compiles cost.
+    """
+    b = minimum
+    while b < n:
+        b *= 2
+    three_quarters = 3 * b // 4
+    return three_quarters if three_quarters >= max(n, minimum) and three_quarters * 4 == 3 * b else b
+
+
 def _bucket(n: int, minimum: int, maximum: int | None = None) -> int:
     """Smallest power of two ≥ n (at least `minimum`, at most `maximum`)."""
     b = minimum
@@ -279,7 +292,7 @@ class Engine:
         return old
 
     def _rows(self, slots: list[int]) -> tuple[int, np.ndarray]:
-        b = _bucket(len(slots), self.min_rows)
+        b = _row_bucket(len(slots), self.min_rows)
         rows = np.full(b, self.num_slots, np.int32)  # padding rows address no slot
         rows[: len(slots)] = slots
         return b, rows

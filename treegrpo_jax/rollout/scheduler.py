@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import numpy as np
 
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.env.retrieval import SearchResult
@@ -75,12 +76,15 @@ class SchedulerConfig:
         leave the batch instead of being computed idle.
       admit_prompts: queued prompts are admitted only this many at a time (one prefill for
         all), unless nothing else is left to decode.
+      retrieval_workers: searches in flight at once (each one batched call): a slow
+        retriever's latency overlaps instead of queueing.
     """
 
     driver: Driver = Driver.CONTINUOUS
     quantum: int = 16
     exit_fraction: float = 0.25
-    admit_prompts: int = 4
+    admit_prompts: int = 1
+    retrieval_workers: int = 4
 
     def __post_init__(self):
         try:
@@ -94,9 +98,10 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.quantum must be a power of two ≥ 1, got {q!r}")
         if isinstance(self.exit_fraction, bool) or not 0 < self.exit_fraction <= 1:
             raise ValueError(f"SchedulerConfig.exit_fraction must be in (0, 1], got {self.exit_fraction!r}")
-        a = self.admit_prompts
-        if isinstance(a, bool) or not isinstance(a, int) or a < 1:
-            raise ValueError(f"SchedulerConfig.admit_prompts must be an int ≥ 1, got {a!r}")
+        for name in ("admit_prompts", "retrieval_workers"):
+            a = getattr(self, name)
+            if isinstance(a, bool) or not isinstance(a, int) or a < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be an int ≥ 1, got {a!r}")
 
 
 class WalkState(enum.StrEnum):
@@ -129,6 +134,7 @@ class _Walk:
     traj: Trajectory
     tree: _Tree
     branch: int  # index among its round's walks of its tree
+    key_data: np.ndarray  # the walk's key as raw words: a batch's keys are one host array
     state: WalkState = WalkState.DECODING
     steps: int = 0  # nodes made in this round
     tokens: list[int] = dataclasses.field(default_factory=list)  # the current step so far
@@ -161,10 +167,17 @@ class Scheduler:
         g = ctx.search.leaves_per_prompt
         self.later = g - ctx.search.num_trees  # a prompt's slots after its first chains
         self.sampling = {}  # rows → SamplingParams (the same knobs for every row)
+        typed = jax.dtypes.issubdtype(ctx.key.dtype, jax.dtypes.prng_key)
+        self._raw = jax.random.key_data if typed else (lambda k: k)
+        impl = jax.random.key_impl(ctx.key) if typed else None
+        # One host→device copy per call instead of stacking hundreds of device keys.
+        self._keys = (lambda d: jax.random.wrap_key_data(d, impl=impl)) if typed else jax.numpy.asarray
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Tree]:
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval")
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.cfg.retrieval_workers, thread_name_prefix="retrieval"
+        )
         self.pool = pool
         try:
             while self.queue or self.decoding or self.ready or self.inflight:
@@ -212,7 +225,10 @@ class Scheduler:
 
     def _start_walks(self, tree: _Tree, trajs: list[Trajectory]) -> None:
         tree.first_new = len(tree.state.tree.nodes)
-        tree.walks = [_Walk(traj=t, tree=tree, branch=b) for b, t in enumerate(trajs)]
+        tree.walks = [
+            _Walk(traj=t, tree=tree, branch=b, key_data=np.asarray(self._raw(t.key)))
+            for b, t in enumerate(trajs)
+        ]
         tree.open_walks = len(trajs)
         tree.order = {}
         self.decoding += tree.walks
@@ -233,7 +249,7 @@ class Scheduler:
             slots,
             max_new_tokens=budgets,
             sampling=self._sampling(len(walks)),
-            keys=jax.numpy.stack([w.traj.key for w in walks]),
+            keys=self._keys(np.stack([w.key_data for w in walks])),
             num_steps=self.cfg.quantum,
             exit_after=math.ceil(self.cfg.exit_fraction * len(walks)),
         )
@@ -298,14 +314,15 @@ class Scheduler:
         self.inflight.append((self.pool.submit(search), walks))
 
     def _collect(self, *, block: bool) -> None:
-        """Turns finished searches into READY observations (in submit order)."""
+        """Turns finished searches into READY observations."""
         if block and self.inflight:
             t0 = time.perf_counter()
-            concurrent.futures.wait([self.inflight[0][0]])
+            futures = [f for f, _ in self.inflight]
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
             self.ctx.times.retrieval_wait += time.perf_counter() - t0
         forks = []
-        while self.inflight and self.inflight[0][0].done():
-            future, walks = self.inflight.popleft()
+        for future, walks in [(f, w) for f, w in self.inflight if f.done()]:
+            self.inflight.remove((future, walks))
             results, seconds = future.result()  # re-raises RetrieverUnavailableError here
             self.ctx.times.retrieval += seconds
             for w, result in zip(walks, results, strict=True):
