@@ -19,6 +19,11 @@ proxy, all on 127.0.0.1. Parts (`--parts`, comma-separated; default all):
            with faults at random (`run_completed`).
   hostile  every case of `treegrpo_jax.testing.hostile` through the real rollout, once with
            in-process BM25 and once with the HTTP retriever behind the chaos proxy.
+  streams  property-based: ≥ 10⁴ generated hostile token streams (a Markov-chain agent sampling tag
+           soup, random bytes, stop strings split into byte tokens at random places, EOS anywhere)
+           through the continuous-batching scheduler, with the HTTP retriever behind the chaos proxy
+           faulting requests that are in flight while other rows decode; every rollout checked for
+           crashes and broken bounds.
   inputs   every bad config of `treegrpo_jax.testing.bad_inputs` (a clear error names the key
            and what is allowed) and every malformed data file (names FILE:ROW); the retriever
            server's request bounds.
@@ -63,7 +68,7 @@ from treegrpo_jax.testing.preemption import TrainCommand  # noqa: E402
 from treegrpo_jax.train.config import from_config_dict  # noqa: E402
 from treegrpo_jax.train.metrics import read_metrics  # noqa: E402
 
-PARTS = ("kill", "chaos", "hostile", "inputs")
+PARTS = ("kill", "chaos", "hostile", "streams", "inputs")
 CONFIG = "configs/resilience.py:http"
 
 
@@ -285,6 +290,82 @@ def hostile_outputs(server_url: str) -> dict:
     }
 
 
+# -------------------------------------------------------------------- streams
+def hostile_streams(server_url: str, target: int) -> dict:
+    """Sampled hostile steps through the scheduler until `target` streams ran; crashes and bounds."""
+    import jax
+
+    from treegrpo_jax.data.rows import QARow
+    from treegrpo_jax.rollout.engine import Engine
+    from treegrpo_jax.rollout.scheduler import SchedulerConfig
+    from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
+    from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
+    from treegrpo_jax.testing.bigram import set_transitions
+    from treegrpo_jax.testing.markov_agent import agent_chain
+
+    agent = AgentConfig(
+        max_tool_calls=2, max_turns=4, max_step_tokens=96, top_k=2, temperature=1.0, top_p=1.0
+    )
+    tree = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
+    prompts = 48
+    streams = rollouts = crashes = problems = 0
+    details, faults = [], 0
+    with ChaosProxy(server_url, ChaosConfig.uniform(0.3, latency_s=0.4, seed=4)) as proxy:
+        http = HttpRetriever(
+            HttpRetrieverConfig(
+                url=proxy.url, timeout_s=0.3, max_retries=3, backoff_s=0.01, backoff_max_s=0.05
+            )
+        )
+        rig = hostile.HostileRig(retriever=http, agent=agent, tree=tree, context_len=1024)
+        tok = rig.tokenizer
+        table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=tok.vocab_size)
+        engine = Engine(
+            rig.model, num_slots=prompts * tree.leaves_per_prompt, max_len=1024, eos_ids=tok.eos_ids,
+            stop_table=table, min_rows=8,
+        )  # fmt: skip
+        rows = [
+            QARow(id=f"q{i}", question=f"Which city is the capital of Alnor {i}?", golden_answers=("Dovra",),
+                  data_source="hostile")
+            for i in range(prompts)
+        ]  # fmt: skip
+        seed = 0
+        while streams < target:
+            hostility = (0.05, 0.2, 0.5)[seed % 3]
+            set_transitions(rig.model, *agent_chain(tok, hostile=hostility, seed=seed)[:1],
+                            default=agent_chain(tok, hostile=hostility, seed=seed)[1])  # fmt: skip
+            engine.set_params(rig.model)
+            quantum = (4, 16, 32)[seed % 3]
+            try:
+                trees, stats = rollout(
+                    engine, rig.env, rows, tree, agent, key=jax.random.key(seed),
+                    scheduler=SchedulerConfig(quantum=quantum),
+                )  # fmt: skip
+                found = hostile._bounds(trees, agent, rig.env, prompts * tree.leaves_per_prompt)
+                n = sum(len(t.nodes) - 1 for t in trees)
+                crashed = None
+            except Exception as e:  # the point is to count crashes, whatever they are
+                found, n, crashed, stats = [], 0, f"{type(e).__name__}: {e}", None
+            streams += n
+            rollouts += 1
+            crashes += crashed is not None
+            problems += bool(found)
+            details.append(dict(seed=seed, hostile=hostility, quantum=quantum, streams=n, crashed=crashed,
+                                problems=found[:5], tool_calls=stats.tool_calls if stats else None,
+                                retrieval_errors=stats.retrieval_errors if stats else None))  # fmt: skip
+            seed += 1
+            if crashed and crashes >= 3:
+                break
+        faults = sum(proxy.counts().values())
+    return {
+        "hostile_streams": streams,
+        "hostile_stream_rollouts": rollouts,
+        "hostile_stream_crashes": crashes,
+        "hostile_stream_broken_bounds": problems,
+        "hostile_stream_retriever_faults": faults,
+        "hostile_stream_details": details,
+    }
+
+
 # --------------------------------------------------------------------- inputs
 def _post(url: str, body: bytes, headers: dict | None = None) -> int:
     """The status our server answers (0 when it closed the connection without one)."""
@@ -339,6 +420,10 @@ def _table(out: dict) -> str:
         ("retriever faults survived", "retriever_faults_survived", "retriever_faults_injected"),
         ("training run under chaos completed", "run_completed", None),
         ("hostile outputs without a crash", None, "hostile_outputs_tried"),
+        ("hostile streams through the scheduler", "hostile_streams", None),
+        ("  rollouts crashed", "hostile_stream_crashes", None),
+        ("  rollouts with broken bounds", "hostile_stream_broken_bounds", None),
+        ("  retriever faults while decoding", "hostile_stream_retriever_faults", None),
         ("bad configs with a clear error", "bad_configs_clear_error", "bad_configs_tried"),
         ("bad data files with FILE:ROW", "bad_data_clear_error", "bad_data_tried"),
         ("server hygiene probes passed", "server_hygiene_passed", "server_hygiene_checks"),
@@ -359,6 +444,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
     parser.add_argument("--searches", type=int, default=60, help="client-level chaos searches")
+    parser.add_argument("--streams", type=int, default=10_000, help="hostile streams (agent steps) at least")
     parser.add_argument("--tmp", default="", help="work directory (default: a fresh temporary one)")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
@@ -382,6 +468,8 @@ def main() -> None:
                     out.update(chaos(tmp, url, corpus, args.searches))
                 elif part == "hostile":
                     out.update(hostile_outputs(url))
+                elif part == "streams":
+                    out.update(hostile_streams(url, args.streams))
                 else:
                     out.update(inputs(tmp, url))
             except Exception:  # one broken part must not hide the others' figures

@@ -896,8 +896,9 @@ def _print_scheduler(r: dict) -> None:
     head = ("workload", "leaves/s", "tok/s", "occupancy", "waste", "ret. wait s", "wall s")
     print(f"{head[0]:28}" + "".join(f"{h:>12}" for h in head[1:]))
     for name, row in r["runs"].items():
-        print(f"{name:28}{row['leaves_per_s']:12.1f}{row['decoded_tok_per_s']:12.0f}{row['occupancy']:12.2f}"
-              f"{row['waste_fraction']:12.2f}{row['time_retrieval_wait']:12.2f}{row['wall_s']:12.2f}")  # fmt: skip
+        print(f"{name:28}{row['leaves_per_s']:12.1f}{row['decoded_tok_per_s']:12.0f}"
+              f"{row['occupancy']:12.2f}{row['waste_fraction']:12.2f}"
+              f"{row['time_retrieval_wait']:12.2f}{row['wall_s']:12.2f}")  # fmt: skip
     for key in ("scheduler_speedup_vs_lockstep", "chain_scheduler_speedup_vs_lockstep",
                 "tree_vs_chain_wall_per_leaf", "tree_vs_chain_decoded_per_leaf",
                 "lockstep_tree_vs_chain_wall_per_leaf", "latency_slowdown_scheduler",

@@ -74,8 +74,8 @@ def _paper() -> ConfigDict:
     c.rollout = ConfigDict(
         dict(
             driver="continuous",  # continuous (scheduler, no barriers) | lockstep (the reference)
-            quantum=16,  # decode steps per engine call at most (a power of two)
-            exit_fraction=0.25,  # a call returns once this fraction of its rows' steps ended
+            quantum=32,  # decode steps per engine call at most (a power of two)
+            exit_fraction=0.5,  # a call returns once this fraction of its rows' steps ended
             admit_prompts=1,  # queued prompts join this many at a time (measured: 1 is fastest here)
         )
     )

@@ -7,14 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
-from treegrpo_jax.env.bm25 import BM25Retriever
-from treegrpo_jax.env.observation import ObservationConfig
-from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.rollout import stops
-from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
+from treegrpo_jax.rollout.agent import AgentConfig
 from treegrpo_jax.rollout.engine import Engine, OutOfSlotsError
 from treegrpo_jax.rollout.tree import StepKind
 from treegrpo_jax.rollout.tree_search import TreeSearchConfig, rollout
@@ -25,18 +21,8 @@ AGENT = AgentConfig(max_tool_calls=2, max_turns=3, max_step_tokens=12, temperatu
 
 
 @pytest.fixture(scope="module")
-def world():
-    sizes = dict(num_people=20, num_cities=8, num_countries=3, num_organisations=6, num_works=10)
-    return build_world(WorldConfig(**sizes, questions_per_hop=(4, 4, 4, 4)))
-
-
-@pytest.fixture(scope="module")
-def env(world):
-    tok = train_bpe_tokenizer([p for p in world.passages] + [r.question for r in world.train], vocab_size=512)
-    retriever = BM25Retriever.from_texts([r["contents"] for r in world.corpus_rows()])
-    return AgentEnv(
-        tokenizer=tok, retriever=retriever, observation=ObservationConfig(passage_tokens=16, max_tokens=60)
-    )
+def env(world_env):
+    return world_env
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 
-import jax
+import numpy as np
 
 from treegrpo_jax.env.actions import Action, Answer, Invalid, InvalidReason, Search, parse_action
 from treegrpo_jax.env.observation import ObservationConfig, format_observation
@@ -120,7 +120,7 @@ class Trajectory:
     tree: Tree
     node_id: int
     slot: int
-    key: jax.Array
+    key: np.ndarray  # raw PRNG key words (`jax.random.key_data`): a batch's keys stack on the host
     golds: tuple[str, ...]
 
 

@@ -37,6 +37,11 @@ class OutOfSlotsError(RuntimeError):
     """The pool has fewer free slots than requested."""
 
 
+def _pad_rows(x: np.ndarray, pad: int) -> jax.Array:
+    """`x` with its first row repeated `pad` more times, on the device."""
+    return jnp.asarray(np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) if pad else x)
+
+
 def _row_bucket(n: int, minimum: int) -> int:
     """Smallest 2^k or 3·2^(k-1) ≥ n (at least `minimum`): at most a third of a call is padding.
 
@@ -91,10 +96,10 @@ class EngineStats:
     fork_calls: int = 0
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
-def _append(graphdef, state, cache: KVCache, tokens, chunk_lens, slots):
+@functools.partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
+def _append(graphdef, state, cache: KVCache, tokens, chunk_lens, slots, *, attend_len):
     model = nnx.merge(graphdef, state)
-    _, cache = model.append(tokens, chunk_lens, cache, slots=slots)
+    _, cache = model.append(tokens, chunk_lens, cache, slots=slots, attend_len=attend_len)
     return cache
 
 
@@ -118,7 +123,7 @@ class _DecodeCarry:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots", "kernels"),
+    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots", "kernels", "key_impl"),
     donate_argnames=("cache",),
 )
 def _decode(
@@ -140,9 +145,11 @@ def _decode(
     attend_len,
     rows_are_slots=False,
     kernels=Kernels.XLA,
+    key_impl="threefry2x32",
 ):
     model = nnx.merge(graphdef, state)
     b = pending.shape[0]
+    keys = jax.random.wrap_key_data(keys, impl=key_impl)  # raw words in: padded on the host
     # Row b decoding slot b (the whole pool, in order): attention reads the cache in place
     # instead of gathering every row's keys and values per layer and step.
     model_slots = None if rows_are_slots else slots
@@ -324,9 +331,14 @@ class Engine:
         writes = {s: w for s, w in writes.items() if w}
         if not writes:
             return
-        c = _bucket(max(len(w) for w in writes.values()), self.min_chunk, self.max_len)
+        c = min(_row_bucket(max(len(w) for w in writes.values()), self.min_chunk), self.max_len)
         slots = list(writes)
         b, rows = self._rows(slots)
+        # Attend only the span the longest row reaches (a power-of-two bucket), not the whole
+        # slot: prefill attention and its key gathers cost rows × chunk × span (measured: most
+        # of a `:tiny` rollout's time went to appends over the full 768-token span).
+        reach = max(int(self.lengths[s]) + len(writes[s]) for s in slots)
+        attend = _bucket(reach, 128, self.max_len)
         tokens = np.zeros((b, c), np.int32)
         chunk_lens = np.zeros(b, np.int32)
         for i, slot in enumerate(slots):
@@ -340,6 +352,7 @@ class Engine:
             jnp.asarray(tokens),
             jnp.asarray(chunk_lens),
             jnp.asarray(rows),
+            attend_len=attend,
         )
         self.stats.append_calls += 1
 
@@ -354,7 +367,7 @@ class Engine:
         *,
         max_new_tokens: int | list[int],
         sampling: SamplingParams,
-        keys: jax.Array,
+        keys: jax.Array | np.ndarray,
         num_steps: int | None = None,
         exit_after: int | None = None,
     ) -> DecodeResult:
@@ -369,7 +382,9 @@ class Engine:
           slots: slots to decode (each must hold a sequence).
           max_new_tokens: budget per slot (scalar or one per slot in `slots`).
           sampling: knobs, one row per slot in `slots` (padded internally).
-          keys: PRNG keys, one per slot in `slots`.
+          keys: PRNG keys, one per slot in `slots`: a typed key array, or their raw words as a
+            host array (`jax.random.key_data`, uint32 [n, 2] for threefry) — the rollout
+            drivers pass those, so a call dispatches no per-shape eager ops.
           num_steps: decode steps of this call at most (default: the largest budget).
           exit_after: return as soon as this many rows have stopped (default: all of them).
         """
@@ -390,11 +405,15 @@ class Engine:
         active[:n] = True
         pending = np.zeros(b, np.int32)
         pending[:n] = self.pending[slots]
+        # Padding on the host: eager jnp ops here would compile once per row count.
         pad = b - n
-        sampling = jax.tree.map(
-            lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad)]) if pad else x, sampling
-        )
-        keys = jnp.concatenate([keys, jnp.repeat(keys[:1], pad)]) if pad else keys
+        sampling = jax.tree.map(lambda x: _pad_rows(np.asarray(x), pad), jax.device_get(sampling))
+        if isinstance(keys, jax.Array) and jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+            key_impl = str(jax.random.key_impl(keys))
+            keys = np.asarray(jax.random.key_data(keys))
+        else:
+            key_impl = "threefry2x32"
+        keys = _pad_rows(np.asarray(keys, np.uint32), pad)
         window = np.zeros((b, self.windows.shape[1]), np.uint8)
         window[:n] = self.windows[slots]
         out = _decode(
@@ -415,6 +434,7 @@ class Engine:
             attend_len=attend,
             rows_are_slots=b == self.num_slots and bool(np.array_equal(rows, np.arange(b))),
             kernels=self.kernels,
+            key_impl=key_impl,
         )
         self.cache = out.cache
         host = jax.device_get(dataclasses.replace(out, cache=None))

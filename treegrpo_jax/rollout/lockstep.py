@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import jax
+import numpy as np
 
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.rollout.agent import (
@@ -59,7 +59,7 @@ def advance(
             top_k=cfg.top_k_sampling,
             greedy=ctx.greedy,
         )
-        keys = jax.numpy.stack([t.key for t in active])
+        keys = np.stack([t.key for t in active])  # raw key words: one host array
         counters.reprefill_tokens += int(sum(engine.lengths[s] + 1 for s in slots))
         res = engine.decode(slots, max_new_tokens=budgets, sampling=sampling, keys=keys)
         t1 = time.perf_counter()

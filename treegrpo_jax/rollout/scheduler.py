@@ -35,7 +35,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-import jax
 import numpy as np
 
 from treegrpo_jax.data.rows import QARow
@@ -81,8 +80,8 @@ class SchedulerConfig:
     """
 
     driver: Driver = Driver.CONTINUOUS
-    quantum: int = 16
-    exit_fraction: float = 0.25
+    quantum: int = 32
+    exit_fraction: float = 0.5
     admit_prompts: int = 1
     retrieval_workers: int = 4
 
@@ -134,7 +133,6 @@ class _Walk:
     traj: Trajectory
     tree: _Tree
     branch: int  # index among its round's walks of its tree
-    key_data: np.ndarray  # the walk's key as raw words: a batch's keys are one host array
     state: WalkState = WalkState.DECODING
     steps: int = 0  # nodes made in this round
     tokens: list[int] = dataclasses.field(default_factory=list)  # the current step so far
@@ -167,11 +165,6 @@ class Scheduler:
         g = ctx.search.leaves_per_prompt
         self.later = g - ctx.search.num_trees  # a prompt's slots after its first chains
         self.sampling = {}  # rows → SamplingParams (the same knobs for every row)
-        typed = jax.dtypes.issubdtype(ctx.key.dtype, jax.dtypes.prng_key)
-        self._raw = jax.random.key_data if typed else (lambda k: k)
-        impl = jax.random.key_impl(ctx.key) if typed else None
-        # One host→device copy per call instead of stacking hundreds of device keys.
-        self._keys = (lambda d: jax.random.wrap_key_data(d, impl=impl)) if typed else jax.numpy.asarray
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Tree]:
@@ -225,10 +218,7 @@ class Scheduler:
 
     def _start_walks(self, tree: _Tree, trajs: list[Trajectory]) -> None:
         tree.first_new = len(tree.state.tree.nodes)
-        tree.walks = [
-            _Walk(traj=t, tree=tree, branch=b, key_data=np.asarray(self._raw(t.key)))
-            for b, t in enumerate(trajs)
-        ]
+        tree.walks = [_Walk(traj=t, tree=tree, branch=b) for b, t in enumerate(trajs)]
         tree.open_walks = len(trajs)
         tree.order = {}
         self.decoding += tree.walks
@@ -249,7 +239,7 @@ class Scheduler:
             slots,
             max_new_tokens=budgets,
             sampling=self._sampling(len(walks)),
-            keys=self._keys(np.stack([w.key_data for w in walks])),
+            keys=np.stack([w.traj.key for w in walks]),  # raw words: one host array, no eager ops
             num_steps=self.cfg.quantum,
             exit_after=math.ceil(self.cfg.exit_fraction * len(walks)),
         )

@@ -22,6 +22,7 @@ restores for a driver that finishes the steps in another order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -139,18 +140,24 @@ class RolloutContext:
     counters: LoopCounters = dataclasses.field(default_factory=LoopCounters)
 
     def __post_init__(self):
-        data = (
-            jax.random.key_data(self.key)
-            if jax.dtypes.issubdtype(self.key.dtype, jax.dtypes.prng_key)
-            else self.key
-        )
-        self._key_words = [int(w) for w in np.asarray(data, np.uint32).ravel()]
+        typed = jax.dtypes.issubdtype(self.key.dtype, jax.dtypes.prng_key)
+        self._root = np.asarray(jax.random.key_data(self.key) if typed else self.key, np.uint32)
+        self._impl = str(jax.random.key_impl(self.key)) if typed else "threefry2x32"
+        self._key_words = [int(w) for w in self._root.ravel()]
 
-    def branch_key(self, uid: int, tree_id: int, branch: int) -> jax.Array:
-        # Every branch has its own stream (fold in its identity), so siblings from the same node
-        # do not sample the same continuation.
-        k = jax.random.fold_in(jax.random.fold_in(self.key, uid), tree_id)
-        return jax.random.fold_in(k, branch)
+    def branch_keys(self, ids: Sequence[tuple[int, int, int]]) -> list[np.ndarray]:
+        """Raw key words of branches (prompt uid, tree id, branch number), in one device call.
+
+        Every branch has its own stream (fold in its identity), so siblings from the same
+        node do not sample the same continuation.
+        """
+        n = len(ids)
+        if not n:
+            return []
+        b = max(8, 1 << (n - 1).bit_length())  # a few shapes: a few compiles
+        cols = np.zeros((3, b), np.int32)
+        cols[:, :n] = np.asarray(ids, np.int32).reshape(n, 3).T
+        return list(np.asarray(_fold_in3(self._root, *cols, impl=self._impl))[:n])
 
     def pick(self, state: TreeState, round_idx: int) -> list[tuple[Node, int]]:
         """Round `round_idx`'s N picks of `state`'s tree: (node to branch from, branch number).
@@ -164,6 +171,16 @@ class RolloutContext:
         chosen = rng.integers(0, len(candidates), self.search.num_picks)
         first = 1 + round_idx * self.search.num_picks
         return [(candidates[j], first + i) for i, j in enumerate(chosen)]
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _fold_in3(root, a, b, c, *, impl):
+    key = jax.random.wrap_key_data(root, impl=impl)
+
+    def one(x, y, z):
+        return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, x), y), z))
+
+    return jax.vmap(one)(a, b, c)
 
 
 def prompt_tokens(env: AgentEnv, question: str) -> list[int]:
@@ -206,6 +223,7 @@ def start_trees(
     others = engine.allocate(len(rows) * (m - 1))
     engine.fork([s for s in first_slots for _ in range(m - 1)], others)  # … and copied to its other trees
     states, trajs = [], []
+    keys = iter(ctx.branch_keys([(uid, t, 0) for uid in uids for t in range(m)]))
     for r, (row, row_id, uid) in enumerate(zip(rows, row_ids, uids, strict=True)):
         for tree_id in range(m):
             slot = first_slots[r] if tree_id == 0 else others[r * (m - 1) + tree_id - 1]
@@ -217,8 +235,7 @@ def start_trees(
             )
             state = TreeState(tree=tree, uid=uid, golds=tuple(row.golden_answers), holder={0: slot})
             states.append(state)
-            key = ctx.branch_key(uid, tree_id, 0)
-            trajs.append(Trajectory(tree=tree, node_id=0, slot=slot, key=key, golds=state.golds))
+            trajs.append(Trajectory(tree=tree, node_id=0, slot=slot, key=next(keys), golds=state.golds))
     return states, trajs, first_slots + others
 
 
@@ -238,15 +255,10 @@ def fork_branches(
         slots,
         prefix=[state.tree.path_tokens(node.node_id)[0] for state, node, _ in flat],
     )
+    keys = ctx.branch_keys([(state.uid, state.tree.tree_id, branch) for state, _, branch in flat])
     return [
-        Trajectory(
-            tree=state.tree,
-            node_id=node.node_id,
-            slot=slot,
-            key=ctx.branch_key(state.uid, state.tree.tree_id, branch),
-            golds=state.golds,
-        )
-        for (state, node, branch), slot in zip(flat, slots, strict=True)
+        Trajectory(tree=state.tree, node_id=node.node_id, slot=slot, key=key, golds=state.golds)
+        for (state, node, _), slot, key in zip(flat, slots, keys, strict=True)
     ]
 
 
