@@ -10,8 +10,8 @@ step writes the pending token and samples the next — and appending an observat
 any prefix of any live slot's sequence: copy the slot, cut its length to the prefix
 minus one, and make the prefix's last token pending (`fork`). No logits are stored.
 
-Calls run on a compact batch of B rows (B = the slots involved, rounded up to a power of
-two), each row addressing its own slot, so idle slots (finished leaves kept for later
+Calls run on a compact batch of B rows (B = the slots involved, rounded up to 2^k or
+3·2^(k-1)), each row addressing its own slot, so idle slots (finished leaves kept for later
 forks) cost nothing. Every operation is jitted once per shape bucket with the cache
 donated, so the pool is updated in place.
 """
