@@ -1,4 +1,4 @@
-"""KV cache as a pool of slots.
+"""KV cache as a pool of slots (the contiguous layout; `paged_cache.py` is the paged one).
 
 Legend: L layers, S slots, K kv heads, T max tokens per slot, D head dim.
 
@@ -8,6 +8,11 @@ attention over a slot is a plain matrix product with no transpose per decode ste
 Every slot has its own length, so every row writes at its own position: this is what
 lets one batch hold the nodes of a tree at different depths (peers that keep one write
 index for the whole batch cannot). Forking a branch is a copy of one slot into others.
+
+The decoder reaches a cache only through four methods, which `PagedKVCache` implements too:
+`offsets` (each row's length), `write` (a chunk of keys/values at per-row positions), `read`
+(the first `span` keys/values of each row's sequence) and `decode_native` (the CPU kernel's
+write-then-attend). `slots` are sequence ids in both: here a slot *is* its memory.
 """
 
 from __future__ import annotations
@@ -37,6 +42,56 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
+
+    # ------------------------------------------------ the decoder's interface
+    def offsets(self, slots: Int[Array, " B"]) -> Int[Array, " B"]:
+        """Tokens already written in each row's slot (rows past the pool read the last slot)."""
+        return self.lengths[jnp.minimum(slots, self.num_slots - 1)]
+
+    def write(self, layer, slots: Int[Array, " B"], write_pos: Int[Array, "B C"], k_BCKD, v_BCKD) -> KVCache:
+        """Writes row b's chunk at positions `write_pos[b]` of slot `slots[b]` in `layer`;
+        positions ≥ max_len and slots ≥ S are dropped."""
+        idx = jnp.broadcast_to(slots[:, None], write_pos.shape)
+        # Advanced indices around the kv-head slice: the update is laid out [B, C, K, D].
+        k = scatter(self.k, (layer, idx, slice(None), write_pos), k_BCKD)
+        v = scatter(self.v, (layer, idx, slice(None), write_pos), v_BCKD)
+        return dataclasses.replace(self, k=k, v=v)
+
+    def read(self, layer, slots: Int[Array, " B"] | None, span: int) -> tuple[Array, Array]:
+        """The first `span` keys and values of each row's slot, `[B, K, span, D]` (`slots` None:
+        row b is slot b, read in place)."""
+        keys = jax.lax.dynamic_index_in_dim(self.k, layer, keepdims=False)[:, :, :span]
+        values = jax.lax.dynamic_index_in_dim(self.v, layer, keepdims=False)[:, :, :span]
+        if slots is not None:  # gather only the rows' slots (a batch smaller than the pool)
+            keys, values = keys[slots], values[slots]
+        return keys, values
+
+    def decode_native(self, layer, q_BHD, k_BKD, v_BKD, slots, write_pos, live_lens):
+        """The CPU kernel: write each row's new key/value, then attend its live keys in place."""
+        from treegrpo_jax.model.decode_attention import decode_attention_native
+
+        o, k, v = decode_attention_native(
+            q_BHD, k_BKD, v_BKD, self.k, self.v, layer, slots[:, None], write_pos, live_lens, paged=False
+        )
+        return o, dataclasses.replace(self, k=k, v=v)
+
+    def add_lengths(self, slots: Int[Array, " B"], chunk_lens: Int[Array, " B"]) -> KVCache:
+        lengths = self.lengths.at[slots].add(chunk_lens.astype(self.lengths.dtype), mode="drop")
+        return dataclasses.replace(self, lengths=lengths)
+
+
+def scatter(cache: Array, index, update: Array) -> Array:
+    """`cache.at[index].set(update)` (out-of-range writes dropped), bf16 stored as its bits.
+
+    XLA:CPU has no bf16 scatter: it converts the whole operand to f32 and back around it
+    (measured: 100 ms per decode step for a 134 MB pool). The same bits as uint16 scatter
+    in place; the values written are the update rounded to bf16, as with a plain scatter.
+    """
+    if cache.dtype != jnp.bfloat16:
+        return cache.at[index].set(update.astype(cache.dtype), mode="drop")
+    bits = jax.lax.bitcast_convert_type(cache, jnp.uint16)
+    new = jax.lax.bitcast_convert_type(update.astype(jnp.bfloat16), jnp.uint16)
+    return jax.lax.bitcast_convert_type(bits.at[index].set(new, mode="drop"), jnp.bfloat16)
 
 
 def init_cache(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -> KVCache:

@@ -59,20 +59,24 @@ def decode_attention_native(
     q_BHD: Float[Array, "B H D"],
     k_new_BKD: Float[Array, "B K D"],
     v_new_BKD: Float[Array, "B K D"],
-    k_LSKTD: Array,
-    v_LSKTD: Array,
+    k_cache: Array,
+    v_cache: Array,
     layer: Int[Array, ""],
-    slots: Int[Array, " B"],
+    pages_BM: Int[Array, "B M"],
     write_pos: Int[Array, " B"],
     lengths: Int[Array, " B"],
+    *,
+    paged: bool,
 ) -> tuple[Float[Array, "B H D"], Array, Array]:
-    """The CPU kernel: writes each row's new key/value at `write_pos[b]` (≥ T: none), then
+    """The CPU kernel: writes each row's new key/value at `write_pos[b]` (≥ M·P: none), then
     attends as `decode_attention_xla`; returns (out, k cache, v cache).
 
+    `paged=False`: slot caches `[L, S, K, T, D]`, `pages_BM` = each row's slot as `[B, 1]`;
+    `paged=True`: page pools `[L, K, NP, P, D]`, `pages_BM` = each row's page table.
     The caches are passed whole and come back aliased (updated in place): inside the
     decoder's layer scan they are the loop carry, so neither a per-layer slice nor a scatter
     (which XLA:CPU runs on bf16 by converting the whole operand to f32) touches the pool.
-    Rows with an out-of-range slot or length 0 give zeros.
+    Rows whose first page is out of range or whose length is 0 give zeros.
     """
     native_build.library()  # registers the FFI target (builds once if needed)
     b, h, d = q_BHD.shape
@@ -80,8 +84,8 @@ def decode_attention_native(
         "treegrpo_decode_attention",
         (
             jax.ShapeDtypeStruct((b, h, d), jnp.float32),
-            jax.ShapeDtypeStruct(k_LSKTD.shape, k_LSKTD.dtype),
-            jax.ShapeDtypeStruct(v_LSKTD.shape, v_LSKTD.dtype),
+            jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+            jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
         ),
         input_output_aliases={3: 1, 4: 2},
     )
@@ -90,11 +94,12 @@ def decode_attention_native(
         q_BHD.astype(jnp.float32),
         k_new_BKD.astype(jnp.float32),
         v_new_BKD.astype(jnp.float32),
-        k_LSKTD,
-        v_LSKTD,
+        k_cache,
+        v_cache,
         jnp.asarray(layer, i32),
-        slots.astype(i32),
+        pages_BM.astype(i32),
         write_pos.astype(i32),
         lengths.astype(i32),
         scale=np.float32(d**-0.5),
+        paged=np.int32(paged),
     )

@@ -28,7 +28,7 @@ from treegrpo_jax.model import rope
 from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
 from treegrpo_jax.model.cache import KVCache
 from treegrpo_jax.model.config import ModelConfig
-from treegrpo_jax.model.decode_attention import decode_attention_native
+from treegrpo_jax.model.paged_cache import PagedKVCache
 from treegrpo_jax.native import Kernels
 
 _NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
@@ -53,20 +53,6 @@ def _linear(x: Array, w: Array) -> Array:
     lead, out = x.shape[:-1], w.shape[1:]
     y = x.reshape(-1, x.shape[-1]) @ w.reshape(w.shape[0], -1)
     return y.reshape(*lead, *out)
-
-
-def _scatter(cache: Array, index, update: Array) -> Array:
-    """`cache.at[index].set(update)` (out-of-range writes dropped), bf16 stored as its bits.
-
-    XLA:CPU has no bf16 scatter: it converts the whole operand to f32 and back around it
-    (measured: 100 ms per decode step for a 134 MB pool). The same bits as uint16 scatter
-    in place; the values written are the update rounded to bf16, as with a plain scatter.
-    """
-    if cache.dtype != jnp.bfloat16:
-        return cache.at[index].set(update.astype(cache.dtype), mode="drop")
-    bits = jax.lax.bitcast_convert_type(cache, jnp.uint16)
-    new = jax.lax.bitcast_convert_type(update.astype(jnp.bfloat16), jnp.uint16)
-    return jax.lax.bitcast_convert_type(bits.at[index].set(new, mode="drop"), jnp.bfloat16)
 
 
 def _rms_norm(x: Array, weight: Array, eps: float) -> Array:
@@ -221,19 +207,19 @@ class Decoder(nnx.Module):
         self,
         tokens: Int[Array, "B C"],
         chunk_lens: Int[Array, " B"],
-        cache: KVCache,
+        cache: KVCache | PagedKVCache,
         *,
         slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
         all_logits: bool = False,
         kernels: Kernels = Kernels.XLA,
-    ) -> tuple[Array, KVCache]:
+    ) -> tuple[Array, KVCache | PagedKVCache]:
         """Appends `tokens[b, :chunk_lens[b]]` to slot `slots[b]` at that slot's own offset.
 
         Args:
           tokens: one row per written slot; entries past `chunk_lens[b]` are ignored.
           chunk_lens: tokens to append per row (0 leaves the slot untouched).
-          cache: the slot pool.
+          cache: the slot pool or the paged cache (the same interface).
           slots: the slot of each row (default: row b is slot b, B == S). A row whose slot is
             out of range (≥ S) is padding: its writes are dropped.
           attend_len: static bound on keys to attend over (≥ every written slot's new
@@ -251,12 +237,10 @@ class Decoder(nnx.Module):
         u = cache.max_len if attend_len is None else attend_len
         rows_are_slots = slots is None
         slots = jnp.arange(b) if rows_are_slots else slots
-        offsets = cache.lengths[jnp.minimum(slots, cache.num_slots - 1)]
-        positions = offsets[:, None] + jnp.arange(c)[None, :]  # [B, C]
+        positions = cache.offsets(slots)[:, None] + jnp.arange(c)[None, :]  # [B, C]
         valid = jnp.arange(c)[None, :] < chunk_lens[:, None]
         # Writes past the chunk (or of padding rows) go out of range and are dropped.
         write_pos = jnp.where(valid, positions, cache.max_len)
-        slot_idx = jnp.broadcast_to(slots[:, None], (b, c))
         sees = jnp.arange(u)[None, None, :] <= positions[:, :, None]  # [B, C, U]
         bias = mask_bias(sees)[:, None, None]
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
@@ -265,30 +249,24 @@ class Decoder(nnx.Module):
         native = kernels is Kernels.NATIVE and c == 1
         # Keys each row attends after its write: its new length (0 for rows that write nothing).
         live_lens = jnp.where(chunk_lens > 0, positions[:, 0] + 1, 0)
+        # The slot cache reads the whole pool in place when row b is slot b; pages are gathered.
+        read_slots = None if rows_are_slots and isinstance(cache, KVCache) else slots
 
         def layer(carry, xs):
-            x, ck, cv = carry
+            x, cache = carry
             p, i = xs
             q, k, v = self._qkv(p, x, cos, sin)
             if native:  # writes the new key/value in place, then attends the live keys
-                o, ck, cv = decode_attention_native(
-                    q[:, 0], k[:, 0], v[:, 0], ck, cv, i, slots, write_pos[:, 0], live_lens
-                )
-                return (self._finish(p, x, o[:, None].astype(q.dtype)), ck, cv), None
-            # Advanced indices around the kv-head slice: the update is laid out [B, C, K, D].
-            ck = _scatter(ck, (i, slot_idx, slice(None), write_pos), k)
-            cv = _scatter(cv, (i, slot_idx, slice(None), write_pos), v)
-            keys = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :, :u]
-            values = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :, :u]
-            if not rows_are_slots:  # gather only the rows' slots (a batch smaller than the pool)
-                keys, values = keys[slots], values[slots]
+                o, cache = cache.decode_native(i, q[:, 0], k[:, 0], v[:, 0], slots, write_pos[:, 0], live_lens)
+                return (self._finish(p, x, o[:, None].astype(q.dtype)), cache), None
+            cache = cache.write(i, slots, write_pos, k, v)
+            keys, values = cache.read(i, read_slots, u)
             o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), bias)
-            return (self._finish(p, x, o), ck, cv), None
+            return (self._finish(p, x, o), cache), None
 
         xs = (self._layer_params(), jnp.arange(self.cfg.num_layers))
-        (x, ck, cv), _ = jax.lax.scan(layer, (self._embed(tokens), cache.k, cache.v), xs)
-        lengths = cache.lengths.at[slots].add(chunk_lens.astype(cache.lengths.dtype), mode="drop")
-        new_cache = KVCache(k=ck, v=cv, lengths=lengths)
+        (x, new_cache), _ = jax.lax.scan(layer, (self._embed(tokens), cache), xs)
+        new_cache = new_cache.add_lengths(slots, chunk_lens)
         if not all_logits and c > 1:  # (one-token chunks are their own last position)
             last = jnp.clip(chunk_lens - 1, 0, c - 1)
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, E]
@@ -299,13 +277,13 @@ class Decoder(nnx.Module):
     def decode(
         self,
         tokens: Int[Array, " B"],
-        cache: KVCache,
+        cache: KVCache | PagedKVCache,
         active: Bool[Array, " B"],
         *,
         slots: Int[Array, " B"] | None = None,
         attend_len: int | None = None,
         kernels: Kernels = Kernels.XLA,
-    ) -> tuple[Float[Array, "B V"], KVCache]:
+    ) -> tuple[Float[Array, "B V"], KVCache | PagedKVCache]:
         """One token for every active row (into its slot); inactive rows leave the cache untouched."""
         return self.append(
             tokens[:, None],

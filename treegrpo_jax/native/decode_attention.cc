@@ -1,13 +1,19 @@
 // One-query (decode) attention straight out of the slot KV cache, for XLA:CPU.
 //
 // Legend: B rows, H query heads, K kv heads, G = H / K query heads per kv head, L layers,
-// S slots, T slot capacity, D head dim, n live keys of a row.
+// S slots, T slot capacity, D head dim, n live keys of a row; paged: NP pages of P tokens,
+// MP pages per row.
 //
 // Why a kernel: XLA:CPU runs this op pattern far below the machine's read bandwidth (it
 // materialises each row's gathered [K, T, D] keys and values and attends the whole
 // power-of-two span of the longest row). Here every (row, kv head) pair reads its slot's
 // first n keys and values exactly once, in place in the stacked [L, S, K, T, D] cache, for
 // all G query heads of its group, and the pairs are spread over XLA's intra-op threads.
+//
+// The same kernel reads a paged cache (`treegrpo_jax/model/paged_cache.py`, [L, K, NP, P, D]
+// pages of P tokens and a page table per row): a row's keys are then the first n rows of its
+// pages in table order. The slot cache is the one-page case (P = T, the page is the slot), so
+// both layouts share every line below except how a (layer, page, kv head) finds its rows.
 //
 // Math is f32 whatever the stored dtype (f32 or bf16); softmax is two-pass (max, then
 // exp-sum), exp is a vectorisable polynomial with ~1 ulp error. The XLA path in
@@ -37,13 +43,23 @@ inline float Load(const uint16_t* p, int64_t i) {  // bf16: the high half of an 
 
 struct Problem {
   const float* q;        // [B, H, D]
-  const void* k;         // [L, S, K, T, D]
-  const void* v;         // [L, S, K, T, D]
-  const int32_t* slots;  // [B]; >= S: padding row (output zeros)
-  const int32_t* lens;   // [B]; keys attended (clipped to [0, T])
+  const void* k;         // slots [L, S, K, T, D] or pages [L, K, NP, P, D]
+  const void* v;         // the same layout as k
+  const int32_t* pages;  // [B, MP] each row's pages in order (slots: MP = 1, the slot); out of range: padding
+  const int32_t* lens;   // [B]; keys attended (clipped to [0, MP·P])
   float* out;            // [B, H, D]
-  int64_t layer, B, H, K, S, T, D;
+  int64_t layer, B, H, K, D;
+  int64_t P, MP, NP;     // tokens per page, pages per row, pages in the pool
+  int64_t layer_stride, page_stride, head_stride;  // elements between layers / pages / kv heads
   float scale;
+
+  int64_t Base(int64_t page, int64_t kh) const {
+    return layer * layer_stride + page * page_stride + kh * head_stride;
+  }
+  bool RowValid(int64_t b) const {  // a padding row's first page is out of range
+    const int64_t first = pages[b * MP];
+    return first >= 0 && first < NP;
+  }
 };
 
 // One (row, kv head) pair: G query heads against n keys of one slot. kD / kG > 0 fix the head
@@ -54,33 +70,38 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
   const int64_t D = kD > 0 ? kD : p.D;
   const int64_t G = kG > 0 ? kG : p.H / p.K;
   float* out = p.out + (b * p.H + kh * G) * D;
-  const int64_t slot = p.slots[b];
-  const int64_t n = std::clamp<int64_t>(p.lens[b], 0, p.T);
-  if (slot < 0 || slot >= p.S || n == 0) {
+  const int64_t n = std::clamp<int64_t>(p.lens[b], 0, p.MP * p.P);
+  if (!p.RowValid(b) || n == 0) {
     std::fill(out, out + G * D, 0.0f);
     return;
   }
-  const int64_t base = (((p.layer * p.S + slot) * p.K + kh) * p.T) * D;
-  const KV* keys = static_cast<const KV*>(p.k) + base;
-  const KV* values = static_cast<const KV*>(p.v) + base;
+  const KV* k_base = static_cast<const KV*>(p.k);
+  const KV* v_base = static_cast<const KV*>(p.v);
+  const int32_t* row_pages = p.pages + b * p.MP;
   const float* q = p.q + (b * p.H + kh * G) * D;
   scratch.resize(static_cast<size_t>(G * n));
   float* scores = scratch.data();  // [G, n]
   // Cache lines per key row; the value rows are prefetched while the keys are read, so both
   // streams are in flight at once (one stream per core leaves DRAM bandwidth unused).
   constexpr int64_t kLine = 64 / sizeof(KV);
-  for (int64_t t = 0; t < n; ++t) {
-    const KV* __restrict kt = keys + t * D;
-    for (int64_t off = 0; off < D; off += kLine) {
-      __builtin_prefetch(values + t * D + off, 0, 0);
-      __builtin_prefetch(kt + 32 * D + off, 0, 0);
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      const float* __restrict qg = q + g * D;
-      float acc = 0.0f;
+  for (int64_t t0 = 0; t0 < n; t0 += p.P) {  // one page at a time (the slot cache: one page)
+    const int64_t base = p.Base(row_pages[t0 / p.P], kh);
+    const KV* keys = k_base + base;
+    const KV* values = v_base + base;
+    const int64_t m = std::min(p.P, n - t0);
+    for (int64_t u = 0; u < m; ++u) {
+      const KV* __restrict kt = keys + u * D;
+      for (int64_t off = 0; off < D; off += kLine) {
+        __builtin_prefetch(values + u * D + off, 0, 0);
+        __builtin_prefetch(kt + 32 * D + off, 0, 0);  // (past a page's end: harmless)
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const float* __restrict qg = q + g * D;
+        float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t d = 0; d < D; ++d) acc += qg[d] * Load(kt, d);
-      scores[g * n + t] = acc * p.scale;
+        for (int64_t d = 0; d < D; ++d) acc += qg[d] * Load(kt, d);
+        scores[g * n + t0 + u] = acc * p.scale;
+      }
     }
   }
   for (int64_t g = 0; g < G; ++g) {
@@ -106,13 +127,17 @@ void AttendPair(const Problem& p, int64_t b, int64_t kh, std::vector<float>& scr
   } else {
     std::fill(acc, acc + G * D, 0.0f);
   }
-  for (int64_t t = 0; t < n; ++t) {
-    const KV* __restrict vt = values + t * D;
-    for (int64_t g = 0; g < G; ++g) {
-      const float wt = scores[g * n + t];
-      float* __restrict ag = a + g * D;
+  for (int64_t t0 = 0; t0 < n; t0 += p.P) {
+    const KV* values = v_base + p.Base(row_pages[t0 / p.P], kh);
+    const int64_t m = std::min(p.P, n - t0);
+    for (int64_t u = 0; u < m; ++u) {
+      const KV* __restrict vt = values + u * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float wt = scores[g * n + t0 + u];
+        float* __restrict ag = a + g * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) ag[d] += wt * Load(vt, d);
+        for (int64_t d = 0; d < D; ++d) ag[d] += wt * Load(vt, d);
+      }
     }
   }
   std::copy(a, a + G * D, out);
@@ -158,9 +183,10 @@ inline void Store(uint16_t* dst, const float* src, int64_t n) {
 template <typename KV>
 void WriteThenAttend(const Problem& p, const float* k_new, const float* v_new, const int32_t* write_pos,
                      int64_t b, int64_t kh, std::vector<float>& scratch) {
-  const int64_t slot = p.slots[b], pos = write_pos[b];
-  if (slot >= 0 && slot < p.S && pos >= 0 && pos < p.T) {
-    const int64_t at = ((((p.layer * p.S + slot) * p.K + kh) * p.T) + pos) * p.D;
+  const int64_t pos = write_pos[b];
+  const int64_t page = pos >= 0 && pos < p.MP * p.P ? p.pages[b * p.MP + pos / p.P] : -1;
+  if (page >= 0 && page < p.NP) {
+    const int64_t at = p.Base(page, kh) + (pos % p.P) * p.D;
     const int64_t from = (b * p.K + kh) * p.D;
     Store(static_cast<KV*>(const_cast<void*>(p.k)) + at, k_new + from, p.D);
     Store(static_cast<KV*>(const_cast<void*>(p.v)) + at, v_new + from, p.D);
@@ -169,17 +195,21 @@ void WriteThenAttend(const Problem& p, const float* k_new, const float* v_new, c
 }
 
 // The cache results alias the cache operands (input_output_aliases in the caller): the new
-// key and value are written in place and the pool is never copied.
+// key and value are written in place and the pool is never copied. `paged` = 0: slots
+// [L, S, K, T, D] with `pages` = [B, 1] slot ids; 1: pages [L, K, NP, P, D] and a page table
+// [B, MP] per row.
 ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_new,
                            ffi::Buffer<ffi::F32> v_new, ffi::AnyBuffer k_in, ffi::AnyBuffer v_in,
-                           ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> slots,
+                           ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> pages,
                            ffi::Buffer<ffi::S32> write_pos, ffi::Buffer<ffi::S32> lengths,
                            ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> k,
-                           ffi::Result<ffi::AnyBuffer> v, float scale) {
+                           ffi::Result<ffi::AnyBuffer> v, float scale, int32_t paged) {
   const auto qd = q.dimensions();
   const auto kd = k->dimensions();
-  if (qd.size() != 3 || kd.size() != 5) {
-    return ffi::Error::InvalidArgument("decode_attention: q must be [B, H, D], k/v [L, S, K, T, D]");
+  const auto pd = pages.dimensions();
+  if (qd.size() != 3 || kd.size() != 5 || pd.size() != 2) {
+    return ffi::Error::InvalidArgument(
+        "decode_attention: q must be [B, H, D], k/v 5-D (slots or pages), the page table [B, MP]");
   }
   if (k->element_type() != v->element_type() || v->dimensions().size() != 5 ||
       (k->element_type() != ffi::F32 && k->element_type() != ffi::BF16)) {
@@ -193,11 +223,19 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   }
   Problem p;
   p.B = qd[0], p.H = qd[1], p.D = qd[2];
-  p.S = kd[1], p.K = kd[2], p.T = kd[3];
-  if (kd[4] != p.D || p.H % p.K != 0 || slots.element_count() != p.B || lengths.element_count() != p.B ||
+  p.MP = pd[1];
+  if (paged) {  // [L, K, NP, P, D]
+    p.K = kd[1], p.NP = kd[2], p.P = kd[3];
+    p.head_stride = p.NP * p.P * p.D, p.page_stride = p.P * p.D, p.layer_stride = p.K * p.head_stride;
+  } else {  // [L, S, K, T, D]: a slot is one page of T tokens
+    p.NP = kd[1], p.K = kd[2], p.P = kd[3];
+    if (p.MP != 1) return ffi::Error::InvalidArgument("decode_attention: the slot cache takes one page per row");
+    p.head_stride = p.P * p.D, p.page_stride = p.K * p.head_stride, p.layer_stride = p.NP * p.page_stride;
+  }
+  if (kd[4] != p.D || p.H % p.K != 0 || pd[0] != p.B || lengths.element_count() != p.B ||
       write_pos.element_count() != p.B || k_new.element_count() != p.B * p.K * p.D ||
       v_new.element_count() != p.B * p.K * p.D) {
-    return ffi::Error::InvalidArgument("decode_attention: inconsistent q / cache / slots / lengths shapes");
+    return ffi::Error::InvalidArgument("decode_attention: inconsistent q / cache / pages / lengths shapes");
   }
   p.layer = layer.typed_data()[0];
   if (p.layer < 0 || p.layer >= kd[0]) return ffi::Error::InvalidArgument("decode_attention: layer out of range");
@@ -205,7 +243,7 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   p.q = q.typed_data();
   p.k = k->untyped_data();
   p.v = v->untyped_data();
-  p.slots = slots.typed_data();
+  p.pages = pages.typed_data();
   p.lens = lengths.typed_data();
   p.out = out->typed_data();
   p.scale = scale;
@@ -234,13 +272,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TreegrpoDecodeAttention, DecodeAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q [B, H, D]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // new keys [B, K, D]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // new values [B, K, D]
-                                  .Arg<ffi::AnyBuffer>()          // k cache [L, S, K, T, D]
-                                  .Arg<ffi::AnyBuffer>()          // v cache [L, S, K, T, D]
+                                  .Arg<ffi::AnyBuffer>()          // k cache (slots or pages)
+                                  .Arg<ffi::AnyBuffer>()          // v cache
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer []
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // slots [B] (>= S: padding)
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // write positions [B] (>= T: none)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // pages [B, MP] (out of range: padding)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // write positions [B] (>= MP·P: none)
                                   .Arg<ffi::Buffer<ffi::S32>>()   // keys attended [B]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [B, H, D]
                                   .Ret<ffi::AnyBuffer>()          // k cache, aliased
                                   .Ret<ffi::AnyBuffer>()          // v cache, aliased
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("paged"));
