@@ -1,4 +1,4 @@
-"""The rollout engine: jitted append / decode / fork over a pool of KV-cache slots.
+"""The rollout engine: jitted append / decode / fork over a pool of KV-cache sequences.
 
 Legend: S slots, B rows of one call (a compact batch of slots), C chunk tokens,
 N decode steps, V vocab.
@@ -14,6 +14,12 @@ Calls run on a compact batch of B rows (B = the slots involved, rounded up to 2^
 3·2^(k-1)), each row addressing its own slot, so idle slots (finished leaves kept for later
 forks) cost nothing. Every operation is jitted once per shape bucket with the cache
 donated, so the pool is updated in place.
+
+Two cache layouts behind one interface (`kv_layout`): `slots`, where every sequence reserves
+`max_len` tokens and a fork copies a whole slot, and `paged`, where a sequence holds the pages
+its tokens fill, a fork shares the prefix's full pages and copies only the partial last one,
+and finished leaves keep only their unique tokens (`page_pool.py`). Slot ids are sequence ids
+in both; with pages they are cheap (a page-table row), and memory is counted in pages.
 """
 
 from __future__ import annotations
@@ -28,13 +34,13 @@ from flax import nnx
 
 from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
 from treegrpo_jax.model.decoder import Decoder
+from treegrpo_jax.model.paged_cache import PagedKVCache, copy_pages, init_paged_cache
 from treegrpo_jax.native import Kernels, resolve
 from treegrpo_jax.rollout import stops as stops_lib
+from treegrpo_jax.rollout.page_pool import OutOfPagesError, OutOfSlotsError, PagePool
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
 
-
-class OutOfSlotsError(RuntimeError):
-    """The pool has fewer free slots than requested."""
+KV_LAYOUTS = ("slots", "paged")
 
 
 def _pad_rows(x: np.ndarray, pad: int) -> jax.Array:
@@ -94,10 +100,13 @@ class EngineStats:
     live_row_steps: int = 0  # Σ rows the caller asked for × steps (stopped rows included)
     append_calls: int = 0
     fork_calls: int = 0
+    # Memory: K/V capacity held at the peak (slots × max_len, or pages × page size), in tokens.
+    kv_peak_tokens: int = 0
+    cow_pages: int = 0  # pages copied by copy-on-write at forks (paged)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "attend_len"), donate_argnames=("cache",))
-def _append(graphdef, state, cache: KVCache, tokens, chunk_lens, slots, *, attend_len):
+def _append(graphdef, state, cache: KVCache | PagedKVCache, tokens, chunk_lens, slots, *, attend_len):
     model = nnx.merge(graphdef, state)
     _, cache = model.append(tokens, chunk_lens, cache, slots=slots, attend_len=attend_len)
     return cache
@@ -109,7 +118,7 @@ class _DecodeCarry:
     """The decode loop's state; rows are the call's B rows."""
 
     step: jax.Array  # [] steps run
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     pending: jax.Array  # [B] the token each row writes next
     active: jax.Array  # [B] bool: still generating
     tokens: jax.Array  # [B, N] generated ids
@@ -216,6 +225,14 @@ def _fork(cache: KVCache, src, dst, lengths):
     return fork_slots(cache, src, dst, lengths)
 
 
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _fork_paged(cache: PagedKVCache, page_table, src_pages, dst_pages, dst, lengths):
+    cache = copy_pages(cache, src_pages, dst_pages)
+    return dataclasses.replace(
+        cache, page_table=page_table, lengths=cache.lengths.at[dst].set(lengths, mode="drop")
+    )
+
+
 class Engine:
     """A pool of `num_slots` sequences of at most `max_len` tokens on one model.
 
@@ -227,6 +244,12 @@ class Engine:
     `treegrpo_jax/native` on a CPU backend where they build, else XLA), `xla` or `native`.
     `kv_dtype` stores K/V as `float32` or `bfloat16` whatever the compute dtype (None: the
     compute dtype); attention reads them into f32.
+
+    `kv_layout="paged"` stores K/V in `num_pages` pages of `page_size` tokens (default: the
+    slot layout's memory) and `num_slots` is then only the number of sequences at once:
+    append, decode and fork take the pages they need and raise `OutOfPagesError` (changing
+    nothing) when the pool is short — `decode_pages_needed` / `pages_needed` say how many
+    beforehand, so a scheduler can wait for pages instead.
     """
 
     def __init__(
@@ -241,9 +264,16 @@ class Engine:
         min_rows: int = 1,
         kernels: Kernels | str = Kernels.AUTO,
         kv_dtype: str | None = None,
+        kv_layout: str = "slots",
+        page_size: int = 16,
+        num_pages: int | None = None,
     ):
         if num_slots <= 0 or max_len <= 1:
             raise ValueError(f"Engine needs num_slots > 0 and max_len > 1, got {num_slots}, {max_len}")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"Engine: kv_layout={kv_layout!r}; allowed: {list(KV_LAYOUTS)}")
+        if kv_layout == "paged" and (page_size < 1 or page_size & (page_size - 1) or page_size > 128):
+            raise ValueError(f"Engine: page_size must be a power of two in [1, 128], got {page_size!r}")
         # Decode attention and sampling: the CPU kernels where they run, else the XLA references.
         self.kernels = resolve(kernels)
         self.graphdef, self.state = nnx.split(model)
@@ -259,7 +289,30 @@ class Engine:
             raise ValueError(
                 f"Engine: kv_dtype={kv_dtype!r}; allowed: float32, bfloat16 (or None: compute dtype)"
             )
-        self.cache = init_cache(model.cfg, num_slots, max_len, dtype=self.kv_dtype)
+        self.paged = kv_layout == "paged"
+        if self.paged:
+            max_len = -(-max_len // page_size) * page_size  # whole pages
+            self.max_len = max_len
+            # Default: the slot layout's memory, which the paged one spends on live tokens only.
+            num_pages = num_pages or num_slots * max_len // page_size
+            self.pool: PagePool | None = PagePool(
+                num_pages=num_pages, num_slots=num_slots, pages_per_seq=max_len // page_size, page_size=page_size
+            )
+            self.cache = init_paged_cache(
+                model.cfg,
+                num_slots=num_slots,
+                max_len=max_len,
+                num_pages=num_pages,
+                page_size=page_size,
+                dtype=self.kv_dtype,
+            )
+        else:
+            self.pool = None
+            self.cache = init_cache(model.cfg, num_slots, max_len, dtype=self.kv_dtype)
+        # K/V bytes of one token (all layers, K and V): what a page or slot costs per position.
+        self.kv_bytes_per_token = 2 * model.cfg.num_layers * model.cfg.num_kv_heads * model.cfg.head_dim
+        self.kv_bytes_per_token *= self.kv_dtype.itemsize
+        self._peak_slots = 0
         self.lengths = np.zeros(num_slots, np.int64)  # tokens in the cache (pending excluded)
         self.pending = np.full(num_slots, -1, np.int64)  # -1: slot holds no sequence
         self._free = list(range(num_slots))
@@ -274,18 +327,49 @@ class Engine:
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def free_pages(self) -> int:
+        """Pages not held by any sequence (paged); the slot layout has none to count."""
+        return self.pool.num_free if self.pool else 0
+
+    def kv_capacity_tokens(self) -> int:
+        """K/V positions the pool can hold in all (slots × max_len, or pages × page size)."""
+        return self.pool.num_pages * self.pool.page_size if self.pool else self.num_slots * self.max_len
+
+    def kv_held_tokens(self) -> int:
+        """K/V positions held now by sequences (a slot holds max_len; a page its size)."""
+        if self.pool:
+            return self.pool.in_use * self.pool.page_size
+        return (self.num_slots - len(self._free)) * self.max_len
+
+    def pages_needed(self, tokens: dict[int, int]) -> int:
+        """New pages the slots need to hold their first `tokens[slot]` positions (0: slots)."""
+        return sum(self.pool.need(s, t) for s, t in tokens.items()) if self.pool else 0
+
+    def decode_pages_needed(self, slots: list[int], steps: int, budgets) -> int:
+        """Pages a `decode(slots, num_steps=steps, max_new_tokens=budgets)` call would take."""
+        budgets = np.broadcast_to(np.asarray(budgets), (len(slots),))
+        steps = _bucket(steps, 1)  # as `decode` rounds it
+        return self.pages_needed(
+            {s: int(self.lengths[s]) + min(steps, int(b)) for s, b in zip(slots, budgets, strict=True)}
+        )
+
     def allocate(self, n: int) -> list[int]:
         """Takes `n` free slots (lowest first); raises OutOfSlotsError if there are fewer."""
         if n > len(self._free):
             raise OutOfSlotsError(f"asked for {n} slots, {len(self._free)} of {self.num_slots} free")
         self._free.sort()
         taken, self._free = self._free[:n], self._free[n:]
+        self._peak_slots = max(self._peak_slots, self.num_slots - len(self._free))
         return taken
 
     def free(self, slots: list[int]) -> None:
-        """Returns slots to the pool (their rows are overwritten by the next user)."""
+        """Returns slots to the pool (their rows are overwritten by the next user); with pages,
+        drops their references (a page shared with a live branch stays)."""
         for s in slots:
             self.lengths[s], self.pending[s] = 0, -1
+            if self.pool:
+                self.pool.free(s)
         self._free.extend(slots)
         # The device-side length is reset lazily: the next fork or append sets it.
         self._dirty |= set(slots)
@@ -296,7 +380,28 @@ class Engine:
 
     def reset_stats(self) -> EngineStats:
         old, self.stats = self.stats, EngineStats()
+        if self.pool:
+            old.kv_peak_tokens, old.cow_pages = self.pool.peak * self.pool.page_size, self.pool.copied
+            self.pool.reset_peak()
+        else:
+            old.kv_peak_tokens = self._peak_slots * self.max_len
+            self._peak_slots = self.num_slots - len(self._free)
         return old
+
+    def peek_stats(self) -> EngineStats:
+        """The counters so far, memory figures included, without resetting them."""
+        out = dataclasses.replace(self.stats)
+        if self.pool:
+            out.kv_peak_tokens, out.cow_pages = self.pool.peak * self.pool.page_size, self.pool.copied
+        else:
+            out.kv_peak_tokens = self._peak_slots * self.max_len
+        return out
+
+    def _push_pages(self) -> None:
+        """The host page table to the device, when it changed."""
+        if self.pool and self.pool.dirty:
+            self.cache = dataclasses.replace(self.cache, page_table=jnp.asarray(self.pool.table))
+            self.pool.dirty = False
 
     def _rows(self, slots: list[int]) -> tuple[int, np.ndarray]:
         b = _row_bucket(len(slots), self.min_rows)
@@ -312,22 +417,27 @@ class Engine:
         written first. Raises ValueError if a slot would overflow `max_len` (check
         `room(slot)` first to handle it).
         """
-        writes: dict[int, list[int]] = {}
-        for slot, toks in token_lists.items():
+        seqs: dict[int, list[int]] = {}
+        for slot, toks in token_lists.items():  # check everything before changing anything
             toks = [int(t) for t in toks]
             if not toks:
                 continue
-            if slot in self._dirty:
-                self._reset_device_lengths()
             seq = ([] if self.pending[slot] < 0 else [int(self.pending[slot])]) + toks
             if self.lengths[slot] + len(seq) > self.max_len:
                 raise ValueError(
                     f"slot {slot}: {self.lengths[slot]} + {len(seq)} tokens exceed max_len={self.max_len}"
                 )
+            seqs[slot] = seq
+        if self.pool:  # pages for what is written (raises OutOfPagesError, changing nothing)
+            self.pool.grow({s: int(self.lengths[s]) + len(q) - 1 for s, q in seqs.items()})
+        writes: dict[int, list[int]] = {}
+        for slot, seq in seqs.items():
+            if slot in self._dirty:
+                self._reset_device_lengths()
             writes[slot] = seq[:-1]
             self.pending[slot] = seq[-1]
             self.windows[slot] = 0
-            self.stats.prefilled_tokens += len(toks)
+            self.stats.prefilled_tokens += len(token_lists[slot])
         writes = {s: w for s, w in writes.items() if w}
         if not writes:
             return
@@ -345,6 +455,7 @@ class Engine:
             tokens[i, : len(writes[slot])] = writes[slot]
             chunk_lens[i] = len(writes[slot])
             self.lengths[slot] += len(writes[slot])
+        self._push_pages()
         self.cache = _append(
             self.graphdef,
             self.state,
@@ -416,6 +527,9 @@ class Engine:
         keys = _pad_rows(np.asarray(keys, np.uint32), pad)
         window = np.zeros((b, self.windows.shape[1]), np.uint8)
         window[:n] = self.windows[slots]
+        if self.pool:  # pages for every position the call may write (OutOfPagesError: nothing changed)
+            self.pool.grow({s: int(self.lengths[s]) + min(steps, int(budget[i])) for i, s in enumerate(slots)})
+            self._push_pages()
         out = _decode(
             self.graphdef,
             self.state,
@@ -442,6 +556,9 @@ class Engine:
         self.lengths[slots] += count  # each generated token wrote the previous pending one
         self.pending[slots] = host.pending[:n]
         self.windows[slots] = host.window[:n]
+        if self.pool:  # hand back the pages a row reserved but did not reach (its pending one kept)
+            for s in slots:
+                self.pool.trim(s, int(self.lengths[s]) + 1)
         self.stats.decoded_tokens += int(count.sum())
         self.stats.decode_calls += 1
         self.stats.decode_steps += ran
@@ -480,12 +597,34 @@ class Engine:
                 if not 0 < len(p) <= lengths[i] + 1:
                     raise ValueError(f"fork: prefix of {len(p)} tokens is not within slot {src[i]}")
                 lengths[i], pending[i] = len(p) - 1, p[-1]
-        b = _bucket(n, 8)
-        src_a = np.zeros(b, np.int32)
-        dst_a = np.full(b, self.num_slots, np.int32)
-        len_a = np.zeros(b, np.int32)
-        src_a[:n], dst_a[:n], len_a[:n] = src, dst, lengths
-        self.cache = _fork(self.cache, jnp.asarray(src_a), jnp.asarray(dst_a), jnp.asarray(len_a))
+        if self.pool:
+            # Shares the full pages of each prefix, copies its partial last page (raises
+            # OutOfPagesError before changing anything).
+            copy_src, copy_dst = self.pool.fork(list(src), list(dst), [int(x) for x in lengths])
+            m = _bucket(max(1, len(copy_src)), 8)
+            cs = np.zeros(m, np.int32)
+            cd = np.full(m, self.pool.num_pages, np.int32)  # padding pairs copy nothing
+            cs[: len(copy_src)], cd[: len(copy_dst)] = copy_src, copy_dst
+            b = _bucket(n, 8)
+            dst_a = np.full(b, self.num_slots, np.int32)
+            len_a = np.zeros(b, np.int32)
+            dst_a[:n], len_a[:n] = dst, lengths
+            self.cache = _fork_paged(
+                self.cache,
+                jnp.asarray(self.pool.table),
+                jnp.asarray(cs),
+                jnp.asarray(cd),
+                jnp.asarray(dst_a),
+                jnp.asarray(len_a),
+            )
+            self.pool.dirty = False
+        else:
+            b = _bucket(n, 8)
+            src_a = np.zeros(b, np.int32)
+            dst_a = np.full(b, self.num_slots, np.int32)
+            len_a = np.zeros(b, np.int32)
+            src_a[:n], dst_a[:n], len_a[:n] = src, dst, lengths
+            self.cache = _fork(self.cache, jnp.asarray(src_a), jnp.asarray(dst_a), jnp.asarray(len_a))
         self.lengths[dst] = lengths
         self.pending[dst] = pending
         self.windows[dst] = 0
