@@ -21,7 +21,9 @@ def _native(q, k, v, layer, slots, lengths, *, k_new=None, v_new=None, write_pos
     k_new = jnp.zeros((b, kv, d)) if k_new is None else k_new
     v_new = jnp.zeros((b, kv, d)) if v_new is None else v_new
     write_pos = jnp.full((b,), k.shape[3], jnp.int32) if write_pos is None else write_pos
-    return decode_attention_native(q, k_new, v_new, k, v, layer, slots[:, None], write_pos, lengths, paged=False)
+    return decode_attention_native(
+        q, k_new, v_new, k, v, layer, slots[:, None], write_pos, lengths, paged=False
+    )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -13,7 +13,9 @@ from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.paged_cache import copy_pages, init_paged_cache
 from treegrpo_jax.native import Kernels, build
 
-CFG = ModelConfig(vocab_size=61, embed_dim=48, mlp_dim=64, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=8)
+CFG = ModelConfig(
+    vocab_size=61, embed_dim=48, mlp_dim=64, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=8
+)
 KERNELS = [Kernels.XLA] + ([Kernels.NATIVE] if build.available() else [])
 
 
@@ -26,7 +28,9 @@ def _scattered_tables(num_slots, pages_per_seq, num_pages, seed):
 def _paged_keys(cache, slot):
     """Sequence `slot`'s keys `[L, K, T, D]` in token order, read through its page table."""
     pages = np.asarray(cache.page_table[slot])
-    return np.asarray(cache.k, np.float32)[:, :, pages].reshape(CFG.num_layers, CFG.num_kv_heads, -1, CFG.head_dim)
+    return np.asarray(cache.k, np.float32)[:, :, pages].reshape(
+        CFG.num_layers, CFG.num_kv_heads, -1, CFG.head_dim
+    )
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
@@ -74,7 +78,9 @@ def test_branches_sharing_prefix_pages_equal_forked_slots(kernels):
     _, slots_cache = append(prompt, jnp.asarray([24]), slots_cache, jnp.asarray([0]))
     _, paged = append(prompt, jnp.asarray([24]), paged, jnp.asarray([0]))
     # Branches 1 and 2 start from the first 19 tokens of sequence 0.
-    slots_cache = fork_slots(slots_cache, jnp.asarray([0, 0]), jnp.asarray([1, 2]), jnp.asarray([prefix, prefix]))
+    slots_cache = fork_slots(
+        slots_cache, jnp.asarray([0, 0]), jnp.asarray([1, 2]), jnp.asarray([prefix, prefix])
+    )
     table[1] = [5, 2, 7, 1]
     table[2] = [5, 2, 3, 4]
     paged = copy_pages(paged, jnp.asarray([9, 9]), jnp.asarray([7, 3]))

@@ -11,7 +11,9 @@ from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.page_pool import OutOfPagesError, PagePool
 from treegrpo_jax.rollout.sampling import SamplingParams
 
-CFG = ModelConfig(vocab_size=61, embed_dim=48, mlp_dim=64, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=8)
+CFG = ModelConfig(
+    vocab_size=61, embed_dim=48, mlp_dim=64, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=8
+)
 KERNELS = ["xla"] + (["native"] if build.available() else [])
 
 
@@ -37,7 +39,9 @@ def _script(engine, rng):
     engine.append({a[0]: list(rng.integers(1, 61, 21)), a[1]: list(rng.integers(1, 61, 5)), a[2]: [7]})
     for rnd in range(4):
         live = list(a)
-        res = engine.decode(live, max_new_tokens=[9, 13, 6], sampling=SamplingParams.make(3), keys=_keys(rnd, 3))
+        res = engine.decode(
+            live, max_new_tokens=[9, 13, 6], sampling=SamplingParams.make(3), keys=_keys(rnd, 3)
+        )
         out += [res.tokens, res.logprobs]
         src = [a[0], a[1], a[0]]
         seqs = [engine.lengths[s] + 1 for s in src]
@@ -45,7 +49,9 @@ def _script(engine, rng):
         b = engine.allocate(3)
         engine.fork(src, b, [list(range(c)) for c in cut])
         engine.append({b[1]: list(rng.integers(1, 61, 4)), a[2]: list(rng.integers(1, 61, 3))})
-        res = engine.decode(b + [a[2]], max_new_tokens=7, sampling=SamplingParams.make(4), keys=_keys(10 + rnd, 4))
+        res = engine.decode(
+            b + [a[2]], max_new_tokens=7, sampling=SamplingParams.make(4), keys=_keys(10 + rnd, 4)
+        )
         out += [res.tokens, res.logprobs]
         engine.free([b[0], b[2]])
         engine.free([a[0]])

@@ -23,6 +23,7 @@ from treegrpo_jax.native import Kernels
 from treegrpo_jax.rollout import stops
 from treegrpo_jax.rollout.agent import AgentConfig
 from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.page_pool import OutOfPagesError
 from treegrpo_jax.rollout.sampling import SamplingParams
 from treegrpo_jax.rollout.scheduler import Driver
 from treegrpo_jax.rollout.tree_search import RolloutCancelled, SchedulerConfig, TreeSearchConfig, rollout
@@ -54,7 +55,7 @@ def transformer(env):
     return init_model(ModelConfig(vocab_size=env.tokenizer.vocab_size, **dims), seed=0)
 
 
-def _engine(model, env, slots, *, max_len=512, kernels=Kernels.AUTO):
+def _engine(model, env, slots, *, max_len=512, kernels=Kernels.AUTO, **paged):
     table = stops.make_stop_table(stops.token_bytes(env.tokenizer), STOPS, model.cfg.vocab_size)
     return Engine(
         model,
@@ -64,6 +65,7 @@ def _engine(model, env, slots, *, max_len=512, kernels=Kernels.AUTO):
         stop_table=table,
         min_rows=4,
         kernels=kernels,
+        **paged,
     )
 
 
@@ -73,6 +75,8 @@ def _run(model, env, rows, search, agent, scheduler, *, slots, key=0, greedy=Fal
         eng, env, rows, search, agent, key=jax.random.key(key), greedy=greedy, scheduler=scheduler
     )
     assert eng.num_free == eng.num_slots  # every slot handed back
+    if eng.paged:
+        assert eng.free_pages == eng.pool.num_pages  # and every page
     return [dataclasses.asdict(t) for t in trees], stats
 
 
@@ -150,6 +154,80 @@ def test_scheduler_trees_equal_lockstep_transformer(transformer, env, world, ker
     ours = _run(transformer, env, rows, search, AGENT, cfg, **kw)
     _assert_same(ref, ours, logp_atol=0.0 if greedy else 2e-6)
     assert ref[1].decoded_tokens > 500
+
+
+# Counted per prompt and dropped with a preempted prompt, so they match the reference exactly;
+# token counters include the preempted prompts' reruns.
+_COUNTER_STATS = tuple(k for k in _SAME_STATS if not k.endswith("ed_tokens"))
+
+
+@pytest.mark.parametrize(
+    "pages,page_size,shape",
+    [(4096, 16, (2, 2, 1)), (160, 16, (2, 2, 1)), (80, 32, (1, 2, 2)), (3000, 1, (3, 0, 0))],
+    ids=str,
+)
+def test_paged_scheduler_trees_equal_lockstep_slots(markov, env, world, pages, page_size, shape):
+    """Pools from roomy to a few prompts' worth: walks wait for pages, the youngest prompt is
+    preempted and rerun, and the trees are still the lock-step reference's."""
+    search = TreeSearchConfig(num_trees=shape[0], num_picks=shape[1], num_rounds=shape[2])
+    rows = list(world.train[:6])
+    ref = _run(markov, env, rows, search, AGENT, LOCKSTEP, slots=30, key=5)
+    cfg = SchedulerConfig(quantum=4, exit_fraction=0.5, admit_prompts=1)
+    ours = _run(
+        markov,
+        env,
+        rows,
+        search,
+        AGENT,
+        cfg,
+        slots=60,
+        key=5,
+        kv_layout="paged",
+        page_size=page_size,
+        num_pages=pages,
+    )
+    assert ours[0] == ref[0]
+    for k in _COUNTER_STATS:
+        assert getattr(ours[1], k) == getattr(ref[1], k), k
+    st = ours[1]
+    if pages * page_size < 4000:  # the small pools (~2 prompts' trees) made prompts wait and rerun
+        assert st.preempted_prompts > 0
+        assert st.kv_peak_tokens <= pages * page_size
+    else:
+        assert st.preempted_prompts == 0 and st.decoded_tokens == ref[1].decoded_tokens
+    # Slots hold max_len per sequence; pages hold what the trees hold (plus partial pages).
+    assert st.kv_peak_over_unique < ref[1].kv_peak_over_unique
+    assert st.page_truncated == 0
+
+
+@pytest.mark.parametrize("kernels", [Kernels.NATIVE, Kernels.XLA])
+def test_paged_scheduler_transformer_equals_lockstep_slots(transformer, env, world, kernels):
+    if kernels is Kernels.NATIVE and not _native_ok():
+        pytest.skip("native kernels did not build here")
+    search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
+    rows = list(world.train[:4])
+    kw = dict(key=3, greedy=True, kernels=kernels, max_len=1024)
+    ref = _run(transformer, env, rows, search, AGENT, LOCKSTEP, slots=15, **kw)
+    cfg = SchedulerConfig(quantum=4, exit_fraction=0.25)
+    ours = _run(transformer, env, rows, search, AGENT, cfg, slots=30, kv_layout="paged", page_size=16, **kw)
+    _assert_same(ref, ours, logp_atol=2e-6)
+    assert ref[1].decoded_tokens > 500
+    assert ours[1].cow_pages > 0  # forks from inside a page copied it
+
+
+def test_a_prompt_larger_than_the_pool_is_truncated_or_refused_not_hung(markov, env, world):
+    """One prompt's chains outgrow the pool: they end as truncated leaves. A prompt whose prefill
+    alone does not fit is refused with the numbers. Either way every page and slot comes back."""
+    eng = _engine(markov, env, 20, kv_layout="paged", page_size=16, num_pages=34)  # the prompt: 27 pages
+    chains = TreeSearchConfig(num_trees=3, num_picks=0, num_rounds=0)
+    trees, st = rollout(eng, env, world.train[:1], chains, AGENT, key=jax.random.key(2))
+    assert st.page_truncated > 0 and st.truncated_leaves >= st.page_truncated
+    assert len(trees) == 3 and all(len(t.leaves()) == 1 for t in trees)
+    assert eng.free_pages == 34 and eng.num_free == 20
+    small = _engine(markov, env, 20, kv_layout="paged", page_size=16, num_pages=14)
+    with pytest.raises(OutOfPagesError, match="needs 29 pages for 3 trees but the pool has 14"):
+        rollout(small, env, world.train[:1], chains, AGENT, key=jax.random.key(2))
+    assert small.free_pages == 14 and small.num_free == 20
 
 
 def _native_ok() -> bool:

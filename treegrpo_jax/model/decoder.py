@@ -257,7 +257,9 @@ class Decoder(nnx.Module):
             p, i = xs
             q, k, v = self._qkv(p, x, cos, sin)
             if native:  # writes the new key/value in place, then attends the live keys
-                o, cache = cache.decode_native(i, q[:, 0], k[:, 0], v[:, 0], slots, write_pos[:, 0], live_lens)
+                o, cache = cache.decode_native(
+                    i, q[:, 0], k[:, 0], v[:, 0], slots, write_pos[:, 0], live_lens
+                )
                 return (self._finish(p, x, o[:, None].astype(q.dtype)), cache), None
             cache = cache.write(i, slots, write_pos, k, v)
             keys, values = cache.read(i, read_slots, u)

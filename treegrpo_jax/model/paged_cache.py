@@ -61,7 +61,9 @@ class PagedKVCache:
         pages = self.page_table[jnp.minimum(slots, self.num_slots - 1)]
         return jnp.where((slots < self.num_slots)[:, None], pages, self.num_pages)
 
-    def write(self, layer, slots: Int[Array, " B"], write_pos: Int[Array, "B C"], k_BCKD, v_BCKD) -> PagedKVCache:
+    def write(
+        self, layer, slots: Int[Array, " B"], write_pos: Int[Array, "B C"], k_BCKD, v_BCKD
+    ) -> PagedKVCache:
         """Writes row b's chunk at positions `write_pos[b]` of its sequence; positions
         ≥ max_len, padding rows and positions without a page are dropped."""
         p = self.page_size
@@ -80,7 +82,9 @@ class PagedKVCache:
         gathered page by page: `[B, K, span, D]`. Positions without a page read page NP-1;
         the caller masks them by length."""
         if span % self.page_size:
-            raise ValueError(f"PagedKVCache.read: span {span} is not a multiple of the page size {self.page_size}")
+            raise ValueError(
+                f"PagedKVCache.read: span {span} is not a multiple of the page size {self.page_size}"
+            )
         if slots is None:
             slots = jnp.arange(self.num_slots)
         pages = jnp.minimum(self.row_pages(slots)[:, : span // self.page_size], self.num_pages - 1)  # [B, M]
@@ -98,7 +102,16 @@ class PagedKVCache:
         from treegrpo_jax.model.decode_attention import decode_attention_native
 
         o, k, v = decode_attention_native(
-            q_BHD, k_BKD, v_BKD, self.k, self.v, layer, self.row_pages(slots), write_pos, live_lens, paged=True
+            q_BHD,
+            k_BKD,
+            v_BKD,
+            self.k,
+            self.v,
+            layer,
+            self.row_pages(slots),
+            write_pos,
+            live_lens,
+            paged=True,
         )
         return o, dataclasses.replace(self, k=k, v=v)
 

@@ -1,9 +1,10 @@
-"""Rollouts: sampling, the slot-pool engine, stop strings, the agent step, tree search and its
+"""Rollouts: sampling, the engine (slot or paged KV cache), stop strings, the agent step, tree search and its
 drivers (continuous-batching scheduler; lock-step reference), pictures."""
 
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv, PhaseTimes, Trajectory, forced_next
-from treegrpo_jax.rollout.engine import DecodeResult, Engine, EngineStats, OutOfSlotsError
+from treegrpo_jax.rollout.engine import DecodeResult, Engine, EngineStats
 from treegrpo_jax.rollout.generate import generate_ids, generate_text
+from treegrpo_jax.rollout.page_pool import OutOfPagesError, OutOfSlotsError
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
 from treegrpo_jax.rollout.stops import StopTable, make_stop_table, token_bytes
 from treegrpo_jax.rollout.tree import LEAF_KINDS, Node, StepKind, Tree
@@ -24,6 +25,7 @@ __all__ = [
     "Engine",
     "EngineStats",
     "Node",
+    "OutOfPagesError",
     "OutOfSlotsError",
     "PhaseTimes",
     "RolloutCancelled",

@@ -143,6 +143,15 @@ class LoopCounters:
     undecodable_steps: int = 0  # steps whose tokens are not valid UTF-8 (decoded with U+FFFD)
     invalid_reasons: dict[str, int] = dataclasses.field(default_factory=_no_invalid_reasons)
 
+    def add(self, other: LoopCounters) -> None:
+        """Adds `other`'s counts to these (a scheduler keeps one per prompt until it is done)."""
+        for f in dataclasses.fields(self):
+            if f.name == "invalid_reasons":
+                for reason, n in other.invalid_reasons.items():
+                    self.invalid_reasons[reason] = self.invalid_reasons.get(reason, 0) + n
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
 
 def forced_next(node: Node, cfg: AgentConfig) -> bool:
     """Whether the step after `node` is the forced final-answer step."""

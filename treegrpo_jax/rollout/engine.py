@@ -37,7 +37,7 @@ from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.model.paged_cache import PagedKVCache, copy_pages, init_paged_cache
 from treegrpo_jax.native import Kernels, resolve
 from treegrpo_jax.rollout import stops as stops_lib
-from treegrpo_jax.rollout.page_pool import OutOfPagesError, OutOfSlotsError, PagePool
+from treegrpo_jax.rollout.page_pool import OutOfSlotsError, PagePool
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
 
 KV_LAYOUTS = ("slots", "paged")
@@ -296,7 +296,10 @@ class Engine:
             # Default: the slot layout's memory, which the paged one spends on live tokens only.
             num_pages = num_pages or num_slots * max_len // page_size
             self.pool: PagePool | None = PagePool(
-                num_pages=num_pages, num_slots=num_slots, pages_per_seq=max_len // page_size, page_size=page_size
+                num_pages=num_pages,
+                num_slots=num_slots,
+                pages_per_seq=max_len // page_size,
+                page_size=page_size,
             )
             self.cache = init_paged_cache(
                 model.cfg,
@@ -528,7 +531,8 @@ class Engine:
         window = np.zeros((b, self.windows.shape[1]), np.uint8)
         window[:n] = self.windows[slots]
         if self.pool:  # pages for every position the call may write (OutOfPagesError: nothing changed)
-            self.pool.grow({s: int(self.lengths[s]) + min(steps, int(budget[i])) for i, s in enumerate(slots)})
+            reach = {s: int(self.lengths[s]) + min(steps, int(budget[i])) for i, s in enumerate(slots)}
+            self.pool.grow(reach)
             self._push_pages()
         out = _decode(
             self.graphdef,

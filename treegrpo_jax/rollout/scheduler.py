@@ -20,6 +20,15 @@ and the loop repeats, with no barrier between prompts, trees or rounds:
   5. collect finished searches without blocking — or, when nothing is left to decode,
      wait for the first (`PhaseTimes.retrieval_wait`).
 
+With a paged engine memory is pages, not slots: a prompt is admitted when the free pages
+cover its prefill and one quantum of every walk; a quantum, an append or a fork that finds
+too few pages runs for the oldest prompts' walks that fit and leaves the rest waiting for
+pages to be freed. If nothing can move, the youngest prompt is *preempted*: its pages are
+freed and it goes back to the head of the queue. Its trees come out the same when it is
+rerun (sampling and picks depend only on keys), and its loop counters are kept per prompt
+and dropped with it, so a preemption costs time and changes no result. A prompt alone in the
+pool that still does not fit has its walks truncated (leaves marked TRUNCATED).
+
 Trees equal the lock-step driver's for the same key (tests/rollout/test_scheduler.py):
 sampling depends only on a row's key and write position, picks on (key, prompt, tree,
 round), and `renumber_round` gives the nodes the lock-step order's ids.
@@ -40,18 +49,22 @@ import numpy as np
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.env.retrieval import SearchResult
 from treegrpo_jax.rollout.agent import (
+    LoopCounters,
     StepEnd,
     Trajectory,
     end_step,
+    finish_leaf,
     observation_text,
     place_observation,
 )
+from treegrpo_jax.rollout.page_pool import OutOfPagesError
 from treegrpo_jax.rollout.sampling import SamplingParams
 from treegrpo_jax.rollout.search_state import (
     RolloutCancelled,
     RolloutContext,
     TreeState,
     fork_branches,
+    prompt_tokens,
     record_holder,
     renumber_round,
     start_trees,
@@ -112,9 +125,13 @@ class WalkState(enum.StrEnum):
 
 @dataclasses.dataclass(kw_only=True, eq=False)
 class _Prompt:
+    row: int  # index into the call's rows
+    order: int  # admission order: the oldest prompts get pages first
     slots: list[int]  # taken so far
     reserved: int  # slots its later rounds will still take
     open_trees: int
+    counters: LoopCounters = dataclasses.field(default_factory=LoopCounters)  # merged when done
+    preempted: bool = False
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -161,7 +178,14 @@ class Scheduler:
         self.ready: list[_Walk] = []
         self.inflight: collections.deque = collections.deque()  # (future, walks) in submit order
         self.prompts: list[_Prompt] = []
+        self.pending_forks: list[_Tree] = []  # next rounds waiting for pages
         self.reserved = 0  # slots admitted prompts will still take
+        self.admitted = 0
+        self.preempted = 0  # prompts sent back to the queue for want of pages
+        self.admit_after_done = False  # after a preemption: admit again once a prompt completes
+        self.page_truncated = 0  # walks ended because their prompt alone did not fit the pool
+        self._progress = False
+        self._prompt_len: dict[int, int] = {}
         g = ctx.search.leaves_per_prompt
         self.later = g - ctx.search.num_trees  # a prompt's slots after its first chains
         self.sampling = {}  # rows → SamplingParams (the same knobs for every row)
@@ -173,26 +197,69 @@ class Scheduler:
         )
         self.pool = pool
         try:
-            while self.queue or self.decoding or self.ready or self.inflight:
+            while self.queue or self.decoding or self.ready or self.inflight or self.pending_forks:
                 if self.should_stop():
                     raise RolloutCancelled("rollout stopped on request (SIGTERM)")
+                self._progress = False
                 self._admit()
                 self._collect(block=False)
+                if self.pending_forks:
+                    self._fork(self._take_pending_forks())
                 self._append_ready()
                 if self.decoding:
                     self._quantum()
-                elif self.inflight:
-                    self._collect(block=True)
+                if not self._progress:  # waiting on retrieval, or on pages
+                    if self.inflight:
+                        self._collect(block=True)
+                    else:
+                        self._relieve()
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             for prompt in self.prompts:  # after an error: hand back what is still held
                 if prompt.open_trees:
                     self.ctx.engine.free(prompt.slots)
+                    self.ctx.counters.add(prompt.counters)
         return [t for i in range(len(self.rows)) for t in self.trees[i]]
+
+    def _quantum_pages(self) -> int:
+        p = self.ctx.engine.pool
+        return -(-self.cfg.quantum // p.page_size) if p else 0
+
+    def _pages_fit(self, fits: int) -> int:
+        """How many of the first `fits` queued prompts the free pages admit: each needs its
+        prefill, a partial page per extra tree, and one quantum per first walk, on top of one
+        quantum for every walk already running. With nothing running, the first prompt needs
+        only its prefill (its walks then wait for pages, or are truncated if it is alone)."""
+        engine, m = self.ctx.engine, self.ctx.search.num_trees
+        q = self._quantum_pages()
+        free = engine.free_pages - q * (len(self.decoding) + len(self.ready))
+        alone = not any(p.open_trees and not p.preempted for p in self.prompts)
+        n = 0
+        for i in list(self.queue)[:fits]:
+            if i not in self._prompt_len:
+                self._prompt_len[i] = len(prompt_tokens(self.ctx.env, self.rows[i].question))
+            prefill = engine.pool.pages_for(self._prompt_len[i]) + (m - 1)
+            need = prefill + m * q
+            if need > free and not (alone and n == 0 and prefill <= free):
+                if alone and n == 0:
+                    raise OutOfPagesError(
+                        f"question {self.rows[i].id!r}: its prompt needs {prefill} pages for {m} trees "
+                        f"but the pool has {engine.pool.num_pages}; raise rollout.kv_pages"
+                    )
+                break
+            free -= need
+            n += 1
+        return n
 
     def _admit(self) -> None:
         engine, g = self.ctx.engine, self.ctx.search.leaves_per_prompt
         fits = min(len(self.queue), (engine.num_free - self.reserved) // g)
+        if self.admit_after_done and (self.decoding or self.ready or self.inflight or self.pending_forks):
+            # A preempted prompt must not take back the pages its preemption freed for the
+            # others (a livelock): it waits until a prompt completes, or nothing else runs.
+            return
+        if engine.paged and fits > 0:
+            fits = self._pages_fit(fits)
         # Batched admission: one prefill for several prompts, unless the engine would idle.
         idle = not (self.decoding or self.ready)
         if fits <= 0 or (fits < self.cfg.admit_prompts and fits < len(self.queue) and not idle):
@@ -205,8 +272,13 @@ class Scheduler:
         m = self.ctx.search.num_trees
         for p, row in enumerate(idx):
             prompt = _Prompt(
-                slots=[trajs[p * m + t].slot for t in range(m)], reserved=self.later, open_trees=m
+                row=row,
+                order=self.admitted,
+                slots=[trajs[p * m + t].slot for t in range(m)],
+                reserved=self.later,
+                open_trees=m,
             )
+            self.admitted += 1
             self.prompts.append(prompt)
             self.reserved += self.later
             self.trees[row] = [s.tree for s in states[p * m : (p + 1) * m]]
@@ -214,6 +286,7 @@ class Scheduler:
                 tree = _Tree(state=states[p * m + t], prompt=prompt)
                 self._start_walks(tree, [trajs[p * m + t]])
         del slots
+        self._progress = True
         self.ctx.times.append += time.perf_counter() - t0
 
     def _start_walks(self, tree: _Tree, trajs: list[Trajectory]) -> None:
@@ -227,14 +300,18 @@ class Scheduler:
     def _quantum(self) -> None:
         ctx, engine, cfg = self.ctx, self.ctx.engine, self.ctx.agent
         t0 = time.perf_counter()
-        walks = self.decoding
+        budget = lambda w: max(1, min(cfg.max_step_tokens - len(w.tokens), engine.room(w.traj.slot) - 1))  # noqa: E731
+        walks, waiting = self._with_pages(
+            self.decoding, lambda w: engine.decode_pages_needed([w.traj.slot], self.cfg.quantum, budget(w))
+        )
+        if not walks:
+            return
+        self._progress = True
         slots = [w.traj.slot for w in walks]
         for w in walks:
             if not w.tokens:  # a step starts: what a resubmitting engine would prefill
-                ctx.counters.reprefill_tokens += int(engine.lengths[w.traj.slot] + 1)
-        budgets = [
-            max(1, min(cfg.max_step_tokens - len(w.tokens), engine.room(w.traj.slot) - 1)) for w in walks
-        ]
+                w.tree.prompt.counters.reprefill_tokens += int(engine.lengths[w.traj.slot] + 1)
+        budgets = [budget(w) for w in walks]
         res = engine.decode(
             slots,
             max_new_tokens=budgets,
@@ -264,7 +341,7 @@ class Scheduler:
                 room=engine.room(w.traj.slot),
                 env=ctx.env,
                 cfg=cfg,
-                counters=ctx.counters,
+                counters=w.tree.prompt.counters,
             )
             w.tree.order[node.node_id] = (w.steps, w.branch)
             w.steps += 1
@@ -276,12 +353,89 @@ class Scheduler:
                 searches.append(w)
             else:
                 self._observe(w, node, None, forks)
-        self.decoding = still
+        self.decoding = still + waiting
         if searches:
             self._submit(searches)
         if forks:
             self._fork(forks)
         ctx.times.host += time.perf_counter() - t1
+
+    def _with_pages(
+        self, walks: list[_Walk], need: Callable[[_Walk], int]
+    ) -> tuple[list[_Walk], list[_Walk]]:
+        """(walks that get pages now, walks that wait): the oldest prompts first."""
+        engine = self.ctx.engine
+        if not engine.paged:
+            return walks, []
+        needs = [need(w) for w in walks]
+        if sum(needs) <= engine.free_pages:
+            return walks, []
+        go, wait, free = [], [], engine.free_pages
+        for i in sorted(range(len(walks)), key=lambda i: (walks[i].tree.prompt.order, i)):
+            if needs[i] <= free:
+                free -= needs[i]
+                go.append(i)
+            else:
+                wait.append(i)
+        go.sort()  # the call's rows in their usual order
+        return [walks[i] for i in go], [walks[i] for i in wait]
+
+    def _relieve(self) -> None:
+        """Nothing could move for want of pages: preempt the youngest prompt, or — if one prompt
+        alone fills the pool — end its waiting walks as truncated leaves."""
+        open_prompts = [p for p in self.prompts if p.open_trees and not p.preempted]
+        if len(open_prompts) > 1:
+            self._preempt(max(open_prompts, key=lambda p: p.order))
+            return
+        if self.pending_forks:
+            raise OutOfPagesError(
+                f"one prompt's tree needs more than the whole pool of {self.ctx.engine.pool.num_pages} pages "
+                "to start its next round; raise rollout.kv_pages or shrink the tree"
+            )
+        forks: list[_Tree] = []
+        for w in self.decoding + self.ready:  # one prompt, and its walks cannot get a page
+            node = w.node if w.state is WalkState.READY else None
+            if node is None:
+                node, _ = end_step(
+                    w.traj,
+                    w.tokens,
+                    w.logprobs,
+                    hit_eos=False,
+                    hit_stop=False,
+                    hit_context=True,
+                    room=0,
+                    env=self.ctx.env,
+                    cfg=self.ctx.agent,
+                    counters=w.tree.prompt.counters,
+                )
+                w.tree.order[node.node_id] = (w.steps, w.branch)
+                w.steps += 1
+            else:
+                node.obs_tokens = []
+                w.tree.prompt.counters.truncated_leaves += 1
+                finish_leaf(w.traj.tree, node, w.traj.golds)
+            self.page_truncated += 1
+            self._walk_done(w, forks)
+        self.decoding, self.ready = [], []
+        self._progress = True
+        if forks:
+            self._fork(forks)
+
+    def _preempt(self, prompt: _Prompt) -> None:
+        """Frees every page of `prompt` and queues it again (it reruns to the same trees)."""
+        prompt.preempted = True
+        mine = lambda w: w.tree.prompt is prompt  # noqa: E731
+        self.decoding = [w for w in self.decoding if not mine(w)]
+        self.ready = [w for w in self.ready if not mine(w)]
+        self.pending_forks = [t for t in self.pending_forks if t.prompt is not prompt]
+        self.ctx.engine.free(prompt.slots)
+        prompt.open_trees = 0
+        self.reserved -= prompt.reserved
+        del self.trees[prompt.row]
+        self.queue.appendleft(prompt.row)
+        self.preempted += 1
+        self.admit_after_done = True
+        self._progress = True
 
     def _sampling(self, n: int) -> SamplingParams:
         if n not in self.sampling:
@@ -315,16 +469,19 @@ class Scheduler:
             self.inflight.remove((future, walks))
             results, seconds = future.result()  # re-raises RetrieverUnavailableError here
             self.ctx.times.retrieval += seconds
+            self._progress = True
             for w, result in zip(walks, results, strict=True):
-                self._observe(w, w.node, result, forks)
+                if not w.tree.prompt.preempted:
+                    self._observe(w, w.node, result, forks)
         if forks:
             self._fork(forks)
 
     def _observe(self, w: _Walk, node: Node, result: SearchResult | None, forks: list[_Tree]) -> None:
         """The observation after `node` becomes READY, or the walk ends if it does not fit."""
         ctx = self.ctx
-        obs = ctx.env.encode_obs(observation_text(ctx.env, ctx.agent, node, result, ctx.counters))
-        if place_observation(w.traj, node, obs, ctx.engine.room(w.traj.slot), ctx.agent, ctx.counters):
+        counters = w.tree.prompt.counters
+        obs = ctx.env.encode_obs(observation_text(ctx.env, ctx.agent, node, result, counters))
+        if place_observation(w.traj, node, obs, ctx.engine.room(w.traj.slot), ctx.agent, counters):
             w.state, w.obs, w.node = WalkState.READY, obs, None
             self.ready.append(w)
         else:
@@ -334,11 +491,16 @@ class Scheduler:
         if not self.ready:
             return
         t0 = time.perf_counter()
-        self.ctx.engine.append({w.traj.slot: w.obs for w in self.ready})
-        for w in self.ready:
+        engine = self.ctx.engine
+        reach = lambda w: {w.traj.slot: int(engine.lengths[w.traj.slot]) + len(w.obs)}  # noqa: E731
+        go, self.ready = self._with_pages(self.ready, lambda w: engine.pages_needed(reach(w)))
+        if not go:
+            return
+        engine.append({w.traj.slot: w.obs for w in go})
+        for w in go:
             w.state, w.obs = WalkState.DECODING, None
-        self.decoding += self.ready
-        self.ready = []
+        self.decoding += go
+        self._progress = True
         self.ctx.times.append += time.perf_counter() - t0
 
     # ----------------------------------------------------------- tree rounds
@@ -362,14 +524,39 @@ class Scheduler:
         prompt.open_trees -= 1
         if not prompt.open_trees:
             self.ctx.engine.free(prompt.slots)
+            self.ctx.counters.add(prompt.counters)
+            self.admit_after_done = False
+
+    def _take_pending_forks(self) -> list[_Tree]:
+        trees, self.pending_forks = self.pending_forks, []
+        return trees
 
     def _fork(self, trees: list[_Tree]) -> None:
-        """Starts the next round of every tree in `trees` with one cache copy call."""
+        """Starts the next round of every tree in `trees` with one cache copy call; trees whose
+        copies find no free page wait in `pending_forks` (the oldest prompts go first)."""
         t0 = time.perf_counter()
+        engine = self.ctx.engine
         picks = [(tree.state, self.ctx.pick(tree.state, tree.round)) for tree in trees]
+        if engine.paged:
+            size = engine.pool.page_size
+            need = lambda tp: sum(  # noqa: E731  (a partial last page per branch)
+                1 for node, _ in tp[1] if (len(tp[0].tree.path_tokens(node.node_id)[0]) - 1) % size
+            )
+            order = sorted(range(len(trees)), key=lambda i: trees[i].prompt.order)
+            free, keep = engine.free_pages, set()
+            for i in order:
+                if need(picks[i]) <= free:
+                    free -= need(picks[i])
+                    keep.add(i)
+            self.pending_forks += [t for i, t in enumerate(trees) if i not in keep]
+            trees = [t for i, t in enumerate(trees) if i in keep]
+            picks = [p for i, p in enumerate(picks) if i in keep]
+            if not trees:
+                return
         n = sum(len(p) for _, p in picks)
-        slots = self.ctx.engine.allocate(n)
+        slots = engine.allocate(n)
         trajs = fork_branches(self.ctx, picks, slots)
+        self._progress = True
         offset = 0
         for tree, (_, tree_picks) in zip(trees, picks, strict=True):
             k = len(tree_picks)

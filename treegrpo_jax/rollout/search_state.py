@@ -93,6 +93,14 @@ class RolloutStats:
     row_steps: int = 0  # Σ rows computed per step (bucket padding and stopped rows included)
     occupancy: float = 0.0  # generated tokens per decode step / slots in the pool
     waste_fraction: float = 0.0  # 1 - generated tokens / row_steps
+    # K/V memory: what the pool held at its peak against the tokens the trees actually hold.
+    unique_tokens: int = 0  # Σ prompts once + every node's tokens and observation
+    kv_peak_tokens: int = 0  # positions held at the peak (slots × max_len, or pages × page size)
+    kv_peak_bytes: int = 0
+    kv_peak_over_unique: float = 0.0  # 1.0: no position held that no tree needs
+    cow_pages: int = 0  # partial pages copied at forks (paged)
+    preempted_prompts: int = 0  # prompts rerun for want of pages (same trees; time lost)
+    page_truncated: int = 0  # walks ended because their prompt alone outgrew the pool
     invalid_reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # reason → steps
     times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
     wall: float = 0.0
@@ -103,7 +111,14 @@ class RolloutStats:
         out.update({f"time_{k}": v for k, v in dataclasses.asdict(self.times).items()})
         return out
 
-    def fill(self, trees: Sequence[Tree], es: EngineStats, counters: LoopCounters, slots: int) -> None:
+    def fill(
+        self,
+        trees: Sequence[Tree],
+        es: EngineStats,
+        counters: LoopCounters,
+        slots: int,
+        kv_bytes_per_token: int = 0,
+    ) -> None:
         """Totals from the trees, the engine's counters and the loop's counters."""
         self.leaves = sum(len(t.leaves()) for t in trees)
         self.decoded_tokens, self.prefilled_tokens = es.decoded_tokens, es.prefilled_tokens
@@ -112,8 +127,20 @@ class RolloutStats:
         self.row_steps = es.row_steps
         self.occupancy = es.decoded_tokens / max(1, es.decode_steps * slots)
         self.waste_fraction = 1.0 - es.decoded_tokens / max(1, es.row_steps)
+        self.unique_tokens = unique_tokens(trees)
+        self.kv_peak_tokens, self.cow_pages = es.kv_peak_tokens, es.cow_pages
+        self.kv_peak_bytes = es.kv_peak_tokens * kv_bytes_per_token
+        self.kv_peak_over_unique = es.kv_peak_tokens / max(1, self.unique_tokens)
         for f in dataclasses.fields(LoopCounters):
             setattr(self, f.name, getattr(counters, f.name))
+
+
+def unique_tokens(trees: Sequence[Tree]) -> int:
+    """Tokens a rollout's trees hold without repeats: each prompt once (its M trees share it),
+    then every node's own tokens and observation (a node is unique to its tree)."""
+    prompts = {t.prompt_id: len(t.prompt_tokens) for t in trees}
+    nodes = sum(len(n.tokens) + len(n.obs_tokens) for t in trees for n in t.nodes[1:])
+    return sum(prompts.values()) + nodes
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -74,11 +74,14 @@ def rollout(
         if scheduler.driver is Driver.LOCKSTEP:
             trees = rollout_lockstep(ctx, rows, uids, should_stop=should_stop)
         else:
-            trees = Scheduler(ctx, rows, uids, scheduler, should_stop=should_stop).run()
+            driver = Scheduler(ctx, rows, uids, scheduler, should_stop=should_stop)
+            trees = driver.run()
         es = engine.reset_stats()
     finally:
         engine.stats = before
     stats = RolloutStats(prompts=len(rows), times=ctx.times)
-    stats.fill(trees, es, ctx.counters, engine.num_slots)
+    stats.fill(trees, es, ctx.counters, engine.num_slots, engine.kv_bytes_per_token)
+    if scheduler.driver is Driver.CONTINUOUS:
+        stats.preempted_prompts, stats.page_truncated = driver.preempted, driver.page_truncated
     stats.wall = time.perf_counter() - t_start
     return trees, stats
