@@ -78,6 +78,17 @@ def test_paged_engine_equals_slot_engine(kernels, page_size):
     _check_pool(paged.pool)
 
 
+def test_paged_engine_with_the_pallas_kernel_equals_slot_engine():
+    """The Pallas decode path (interpreted here) inside the engine's decode loop."""
+    model = init_model(CFG, seed=3)
+    slots = Engine(model, num_slots=12, max_len=64, kernels="xla")
+    paged = Engine(model, num_slots=12, max_len=64, kernels="pallas", kv_layout="paged", page_size=16)
+    want = _script(slots, np.random.default_rng(1))
+    got = _script(paged, np.random.default_rng(1))
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-5)
+
+
 def test_out_of_pages_changes_nothing_and_says_so():
     model = init_model(CFG, seed=4)
     engine = Engine(model, num_slots=4, max_len=32, kv_layout="paged", page_size=8, num_pages=4)

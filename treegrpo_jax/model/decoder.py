@@ -227,7 +227,8 @@ class Decoder(nnx.Module):
           all_logits: return [B, C, V] logits for every chunk position instead of only
             the last appended one ([B, V]; garbage for rows with chunk_lens == 0).
           kernels: for one-token chunks (decode), `native` reads each row's live keys in
-            place with the CPU kernel (`decode_attention.py`); `xla` gathers a masked span.
+            place with the CPU kernel (`decode_attention.py`); `pallas` (paged cache only) runs
+            the backend's Pallas kernel (`paged_kernels.py`); `xla` gathers a masked span.
             Resolve `auto` first (`treegrpo_jax.native.resolve`).
 
         Returns:
@@ -247,6 +248,7 @@ class Decoder(nnx.Module):
         if kernels is Kernels.AUTO:
             raise ValueError("Decoder.append: resolve kernels='auto' first (treegrpo_jax.native.resolve)")
         native = kernels is Kernels.NATIVE and c == 1
+        pallas = kernels is Kernels.PALLAS and c == 1 and isinstance(cache, PagedKVCache)
         # Keys each row attends after its write: its new length (0 for rows that write nothing).
         live_lens = jnp.where(chunk_lens > 0, positions[:, 0] + 1, 0)
         # The slot cache reads the whole pool in place when row b is slot b; pages are gathered.
@@ -262,6 +264,9 @@ class Decoder(nnx.Module):
                 )
                 return (self._finish(p, x, o[:, None].astype(q.dtype)), cache), None
             cache = cache.write(i, slots, write_pos, k, v)
+            if pallas:  # the backend's paged-attention kernel reads the pages in place
+                o = cache.attend_pallas(i, q[:, 0], slots, live_lens)
+                return (self._finish(p, x, o[:, None].astype(q.dtype)), cache), None
             keys, values = cache.read(i, read_slots, u)
             o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), bias)
             return (self._finish(p, x, o), cache), None

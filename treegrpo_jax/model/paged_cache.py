@@ -115,6 +115,16 @@ class PagedKVCache:
         )
         return o, dataclasses.replace(self, k=k, v=v)
 
+    def attend_pallas(self, layer, q_BHD, slots, live_lens):
+        """Decode attention of `layer` with the backend's Pallas kernel (after `write`)."""
+        from treegrpo_jax.model.paged_kernels import paged_attention_pallas, platform_for_backend
+
+        platform, interpret = platform_for_backend()
+        k = jax.lax.dynamic_index_in_dim(self.k, layer, keepdims=False)
+        v = jax.lax.dynamic_index_in_dim(self.v, layer, keepdims=False)
+        pages = self.row_pages(slots)
+        return paged_attention_pallas(q_BHD, k, v, pages, live_lens, platform=platform, interpret=interpret)
+
     def add_lengths(self, slots: Int[Array, " B"], chunk_lens: Int[Array, " B"]) -> PagedKVCache:
         lengths = self.lengths.at[slots].add(chunk_lens.astype(self.lengths.dtype), mode="drop")
         return dataclasses.replace(self, lengths=lengths)

@@ -19,6 +19,8 @@ class Kernels(enum.StrEnum):
     AUTO = "auto"  # native on CPU when the library builds, else xla
     XLA = "xla"  # the XLA references (any backend)
     NATIVE = "native"  # the CPU kernels; an error where they cannot run
+    PALLAS = "pallas"  # paged decode attention with JAX's Pallas kernel of the backend (GPU / TPU;
+    # interpreted on CPU, for tests); the slot cache and sampling then use the XLA paths
 
 
 def resolve(kernels: Kernels | str) -> Kernels:

@@ -511,7 +511,7 @@ class Engine:
         budget = np.zeros(b, np.int32)
         budget[:n] = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (n,))
         steps = _bucket(int(num_steps or budget.max()), 1)
-        if self.kernels is Kernels.NATIVE:
+        if self.kernels is Kernels.NATIVE or (self.kernels is Kernels.PALLAS and self.paged):
             attend = self.max_len  # the kernel reads each row's live keys: one compile for all lengths
         else:  # the XLA path attends a static span: the power-of-two bucket of the longest row
             attend = _bucket(int(self.lengths[slots].max()) + steps + 1, 128, self.max_len)
