@@ -32,7 +32,7 @@ def _paper() -> ConfigDict:
             dtype="bfloat16",  # compute dtype of matmuls (norms, softmax, logits stay f32)
             param_dtype="float32",  # stored parameters (and optimizer moments)
             kv_dtype="auto",  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
-            kernels="auto",  # rollout attention + sampling: auto (CPU kernels where built), xla, native
+            kernels="auto",  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas
             tokenizer_vocab=2048,  # scratch only: BPE vocabulary trained on the corpus
         )
     )
@@ -77,6 +77,15 @@ def _paper() -> ConfigDict:
             quantum=32,  # decode steps per engine call at most (a power of two)
             exit_fraction=0.5,  # a call returns once this fraction of its rows' steps ended
             admit_prompts=1,  # queued prompts join this many at a time (measured: 1 is fastest here)
+        )
+    )
+    # How the engine stores K/V (BENCHMARKS.md §6): slots reserve the whole context per sequence;
+    # pages hold only the tokens a tree has, and branches share their prefix's pages.
+    c.kv_cache = ConfigDict(
+        dict(
+            layout="slots",  # slots | paged
+            page_size=16,  # tokens per page (paged; a power of two ≤ 128)
+            pages=0,  # pages in the pool (paged; 0: the slot layout's memory)
         )
     )
     c.rl = ConfigDict(

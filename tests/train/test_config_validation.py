@@ -18,4 +18,4 @@ def test_bad_config_is_rejected_with_a_clear_message(case):
 def test_the_table_covers_every_block():
     blocks = {c.key.split(".")[0] for c in BAD_CONFIGS}
     assert blocks >= {"model", "data", "retriever", "agent", "observation", "tree", "rl", "optim", "sft"}
-    assert blocks >= {"run", "mesh", "template"}
+    assert blocks >= {"run", "mesh", "template", "rollout", "kv_cache"}

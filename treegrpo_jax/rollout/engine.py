@@ -37,10 +37,8 @@ from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.model.paged_cache import PagedKVCache, copy_pages, init_paged_cache
 from treegrpo_jax.native import Kernels, resolve
 from treegrpo_jax.rollout import stops as stops_lib
-from treegrpo_jax.rollout.page_pool import OutOfSlotsError, PagePool
+from treegrpo_jax.rollout.page_pool import KV_LAYOUTS, OutOfSlotsError, PagePool
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
-
-KV_LAYOUTS = ("slots", "paged")
 
 
 def _pad_rows(x: np.ndarray, pad: int) -> jax.Array:

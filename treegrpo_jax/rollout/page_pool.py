@@ -12,7 +12,38 @@ page is immutable and needs no locking or copy later.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+
+KV_LAYOUTS = ("slots", "paged")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KVCacheConfig:
+    """How the rollout engine stores K/V (the `kv_cache` config block).
+
+    Attributes:
+      layout: `slots` (every sequence reserves the whole context; a fork copies a slot) or
+        `paged` (pages of `page_size` tokens shared between branches; this module).
+      page_size: tokens per page (a power of two ≤ 128).
+      pages: pages in the pool (0: the slot layout's memory for the same sequences).
+    """
+
+    layout: str = "slots"
+    page_size: int = 16
+    pages: int = 0
+
+    def __post_init__(self):
+        if self.layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_cache.layout={self.layout!r}; allowed: {list(KV_LAYOUTS)}")
+        p = self.page_size
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1 or p > 128 or p & (p - 1):
+            raise ValueError(f"kv_cache.page_size must be a power of two in [1, 128], got {p!r}")
+        if isinstance(self.pages, bool) or not isinstance(self.pages, int) or self.pages < 0:
+            raise ValueError(
+                f"kv_cache.pages must be an int ≥ 0 (0: the slot layout's memory), got {self.pages!r}"
+            )
 
 
 class OutOfSlotsError(RuntimeError):

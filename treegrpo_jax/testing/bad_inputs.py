@@ -58,6 +58,10 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="rollout.quantum", value=12, hint="power of two"),
     BadConfig(key="rollout.exit_fraction", value=0.0, hint=r"in \(0, 1\]"),
     BadConfig(key="rollout.admit_prompts", value=0, hint="≥ 1"),
+    # K/V cache layout
+    BadConfig(key="kv_cache.layout", value="pages", hint=r"allowed: \['slots', 'paged'\]"),
+    BadConfig(key="kv_cache.page_size", value=24, hint="power of two"),
+    BadConfig(key="kv_cache.pages", value=-4, hint="≥ 0"),
     # batch divisibility, buckets, loss
     BadConfig(key="run.prompts_per_step", value=7, hint="divisible by"),
     BadConfig(key="rl.num_minibatches", value=3, hint="divisible by"),
@@ -108,7 +112,7 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="model.dtype", value="float8", hint="allowed"),
     BadConfig(key="model.param_dtype", value="int8", hint="allowed"),
     BadConfig(key="model.kv_dtype", value="float16", hint="allowed"),
-    BadConfig(key="model.kernels", value="fast", hint=r"allowed: \['auto', 'xla', 'native'\]"),
+    BadConfig(key="model.kernels", value="fast", hint=r"allowed: \['auto', 'xla', 'native', 'pallas'\]"),
     BadConfig(key="model.tokenizer_vocab", value=100, hint="≥"),
     BadConfig(key="model.dims.num_heads", value=3, hint="multiple of"),
     BadConfig(key="model.dims.hidden", value=64, hint="allowed keys"),

@@ -29,6 +29,7 @@ from treegrpo_jax.rl.batch import BatchLayout, LayoutKind
 from treegrpo_jax.rl.loss import LossConfig
 from treegrpo_jax.rl.optim import OptimConfig
 from treegrpo_jax.rollout.agent import AgentConfig
+from treegrpo_jax.rollout.page_pool import KVCacheConfig
 from treegrpo_jax.rollout.scheduler import SchedulerConfig
 from treegrpo_jax.rollout.tree_search import TreeSearchConfig
 
@@ -56,7 +57,7 @@ class ModelSpec:
     dtype: str = "float32"
     param_dtype: str = "float32"
     kv_dtype: str = "auto"  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
-    kernels: str = "auto"  # rollout decode attention + sampling: auto (CPU kernels where built), xla, native
+    kernels: str = "auto"  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas (paged)
     tokenizer_vocab: int = 2048  # SCRATCH: BPE vocabulary trained on the world's text
 
     def __post_init__(self):
@@ -234,6 +235,7 @@ class TrainConfig:
     run: RunSpec
     mesh: MeshConfig
     rollout: SchedulerConfig = SchedulerConfig()
+    kv_cache: KVCacheConfig = KVCacheConfig()
     template: str = "search_agent"
 
     def __post_init__(self):
@@ -374,6 +376,7 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
         "run",
         "mesh",
         "rollout",
+        "kv_cache",
         "template",
     }
     unknown = sorted(set(c) - known)
@@ -426,5 +429,6 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
         run=run,
         mesh=_make(MeshConfig, {"shape": tuple(c["mesh"]["shape"])}, "mesh"),
         rollout=_make(SchedulerConfig, c.get("rollout", {}), "rollout"),
+        kv_cache=_make(KVCacheConfig, c.get("kv_cache", {}), "kv_cache"),
         template=c.get("template", "search_agent"),
     )

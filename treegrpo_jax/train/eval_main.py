@@ -49,6 +49,7 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = No
         max_len=cfg.run.context_len,
         kv_dtype=cfg.model.kv_dtype,
         kernels=cfg.model.kernels,
+        kv_cache=cfg.kv_cache,
     )
     metrics, _ = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed)
     print(f"checkpoint step {step}, {len(rows)} questions\n{format_table(metrics)}")

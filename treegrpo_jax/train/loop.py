@@ -127,6 +127,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
             max_len=cfg.run.context_len,
             kv_dtype=cfg.model.kv_dtype,
             kernels=cfg.model.kernels,
+            kv_cache=cfg.kv_cache,
         )
 
     def log_metrics(step, metrics):

@@ -30,6 +30,7 @@ from treegrpo_jax.model.pretrained import load_pretrained
 from treegrpo_jax.model.tokenizer import Tokenizer
 from treegrpo_jax.rollout.agent import AgentEnv
 from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.page_pool import KVCacheConfig
 from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
 from treegrpo_jax.train.config import DataKind, ModelSource, RetrieverKind, TrainConfig
 
@@ -180,7 +181,9 @@ def make_engine(
     max_len: int,
     kv_dtype: str = "auto",
     kernels: str = "auto",
+    kv_cache: KVCacheConfig | None = None,
 ) -> Engine:
+    kv_cache = kv_cache or KVCacheConfig()
     table = make_stop_table(token_bytes(tokenizer), STOP_STRINGS, vocab_size=model.cfg.vocab_size)
     return Engine(
         model,
@@ -191,4 +194,7 @@ def make_engine(
         min_rows=8,
         kv_dtype=kv_dtype_for_backend(kv_dtype),
         kernels=kernels,
+        kv_layout=kv_cache.layout,
+        page_size=kv_cache.page_size,
+        num_pages=kv_cache.pages or None,
     )
