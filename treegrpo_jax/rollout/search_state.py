@@ -92,6 +92,7 @@ class RolloutStats:
     decode_steps: int = 0
     row_steps: int = 0  # Σ rows computed per step (bucket padding and stopped rows included)
     occupancy: float = 0.0  # generated tokens per decode step / slots in the pool
+    rows_in_flight: float = 0.0  # rows asked for per decode step (mean over steps)
     waste_fraction: float = 0.0  # 1 - generated tokens / row_steps
     # K/V memory: what the pool held at its peak against the tokens the trees actually hold.
     unique_tokens: int = 0  # Σ prompts once + every node's tokens and observation
@@ -127,6 +128,7 @@ class RolloutStats:
         self.row_steps = es.row_steps
         self.occupancy = es.decoded_tokens / max(1, es.decode_steps * slots)
         self.waste_fraction = 1.0 - es.decoded_tokens / max(1, es.row_steps)
+        self.rows_in_flight = es.live_row_steps / max(1, es.decode_steps)
         self.unique_tokens = unique_tokens(trees)
         self.kv_peak_tokens, self.cow_pages = es.kv_peak_tokens, es.cow_pages
         self.kv_peak_bytes = es.kv_peak_tokens * kv_bytes_per_token

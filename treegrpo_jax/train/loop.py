@@ -311,7 +311,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
 
 def _is_mean(key: str) -> bool:
     """Rollout metrics averaged over processes (times, fractions); the others are counts, summed."""
-    return "time" in key or "wall" in key or key.endswith(("/occupancy", "/waste_fraction"))
+    means = ("/occupancy", "/waste_fraction", "/rows_in_flight", "/kv_peak_over_unique")
+    return "time" in key or "wall" in key or key.endswith(means)
 
 
 def _logged_eval(metrics_path, step: int) -> dict[str, float]:
