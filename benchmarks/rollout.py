@@ -32,6 +32,9 @@ Parts (`--parts`, comma-separated, run in this order):
     least-squares fit `step = fixed + a*B + b*B*U + c*B*T`; and a lower bound from the
     FLOP count at the CPU's matmul rate measured in the same run. It says what bounds
     the engine: per-step overhead (fixed), weights (a), attention (b), pool copies (c).
+  * `paged`: the paged KV cache vs the slot cache — memory held per unique token, rows in flight
+    and leaves/s in one K/V budget (`:tiny` dims and SmolLM2), the decode step at equal rows,
+    and cascade attention (`_paged.py`).
   * `tree`: tree (2,2,1) vs chain on the synthetic world. Needs the agent loop (issue 4,
     item 2); until it exists the part reports `not_implemented` and its keys are null.
 
@@ -56,6 +59,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+import _paged
 import _peers
 import _roofline
 import jax
@@ -107,6 +111,11 @@ class BenchConfig:
     scheduler_prompts: int = 32
     latency_ms: float = 50.0  # added by the chaos proxy to every HTTP search
     sigterm: bool = True  # also time SIGTERM → exit of two short :tiny runs
+    # paged part (issue 17): K/V budgets where the slot cache holds a few prompts' trees
+    paged_budget_mib: int = 64  # :tiny dims (4 KiB per token in f32)
+    paged_budget_mib_smollm2: int = 512  # SmolLM2-135M (45 KiB per token in f32)
+    paged_smollm2_prompts: int = 8
+    paged_smollm2_repeats: int = 2
     seed: int = 0
 
     def __post_init__(self):
@@ -821,6 +830,7 @@ PARTS: dict[str, Callable[[BenchConfig, Decoder, ModelConfig], dict]] = {
     "roofline": _roofline.run_roofline,
     "smollm2": _roofline.run_smollm2,
     "scheduler": run_scheduler,
+    "paged": _paged.run_paged,
 }
 
 
@@ -828,6 +838,7 @@ PARTS: dict[str, Callable[[BenchConfig, Decoder, ModelConfig], dict]] = {
 def print_report(result: dict) -> None:
     """Human-readable tables of whatever parts ran."""
     _roofline.print_roofline(result)
+    _paged.print_paged(result)
     if "kv_dtype" in result:
         print("\nbf16 vs f32 stored K/V, teacher-forced over rollout paths (model-generated tokens)")
         for name, r in result["kv_dtype"].items():
@@ -923,7 +934,8 @@ def parse_args(argv: list[str]) -> BenchConfig:
     ap.add_argument("--out", type=pathlib.Path, default=d.out)
     for name in ("vocab", "embed", "mlp", "layers", "heads", "kv_heads", "head_dim", "prompt_len",
                  "new_tokens", "repeats", "profile_steps", "tree_prompts", "seed",
-                 "policy_step", "scheduler_prompts", "sigterm"):  # fmt: skip
+                 "policy_step", "scheduler_prompts", "sigterm", "paged_budget_mib",
+                 "paged_budget_mib_smollm2", "paged_smollm2_prompts", "paged_smollm2_repeats"):  # fmt: skip
         ap.add_argument(f"--{name}", type=int, default=getattr(d, name))
     for name in ("batches", "profile_batches", "profile_contexts"):
         ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
