@@ -251,18 +251,23 @@ def run_paged(bc, model, cfg) -> dict:
 
     policy, tok, env, agent, _, table = _policy_setup(bc)
     rows = list(_policy_rows(bc, bc.scheduler_prompts))
-    out: dict = {"prompts": len(rows)}
-    out["cascade"] = _cascade(bc)
-    print("  paged: cascade done", flush=True)
-    out["decode_step"] = _decode_step(bc, model)
-    print("  paged: decode step done", flush=True)
-    out["memory"] = _memory(bc, policy, tok, env, agent, rows, table)
-    print("  paged: memory done", flush=True)
-    out["budget_tiny"] = _budget(
+    out: dict = {"prompts": len(rows), "sections": list(bc.paged_sections)}
+    want = set(bc.paged_sections)
+    if "cascade" in want:
+        out["cascade"] = _cascade(bc)
+        print("  paged: cascade done", flush=True)
+    if "decode" in want:
+        out["decode_step"] = _decode_step(bc, model)
+        print("  paged: decode step done", flush=True)
+    if "memory" in want:
+        out["memory"] = _memory(bc, policy, tok, env, agent, rows, table)
+        print("  paged: memory done", flush=True)
+    if "budget_tiny" in want:
+        out["budget_tiny"] = _budget(
         bc, "tiny", policy, tok, env, agent, rows, table, max_len=MAX_LEN, repeats=bc.repeats,
         budget_mib=bc.paged_budget_mib,
-    )  # fmt: skip
-    if bc.kv_smollm2:
+        )  # fmt: skip
+    if bc.kv_smollm2 and "budget_smollm2" in want:
         from treegrpo_jax.model import assets
         from treegrpo_jax.model.pretrained import load_pretrained
         from treegrpo_jax.rollout.agent import AgentEnv
@@ -279,16 +284,18 @@ def run_paged(bc, model, cfg) -> dict:
             bc, "smollm2", smol, smol_tok, smol_env, agent, smol_rows, smol_table, max_len=1024,
             repeats=bc.paged_smollm2_repeats, budget_mib=bc.paged_budget_mib_smollm2, warmups=1,
         )  # fmt: skip
-    mem = out["memory"]
+    get = lambda section, *keys: functools.reduce(  # noqa: E731  (None where a section did not run)
+        lambda d, k: d.get(k) if isinstance(d, dict) else None, keys, out.get(section)
+    )
     out |= {
-        "paged_kv_bytes_over_unique": mem["paged16"]["kv_peak_over_unique"],
-        "slots_kv_bytes_over_unique": mem["slots"]["kv_peak_over_unique"],
-        "paged_rows_in_flight_ratio": out["budget_tiny"]["rows_in_flight_ratio"],
-        "paged_leaves_per_s_ratio_tiny": out["budget_tiny"]["leaves_per_s_ratio"],
-        "paged_rows_in_flight_ratio_smollm2": out.get("budget_smollm2", {}).get("rows_in_flight_ratio"),
-        "paged_leaves_per_s_ratio_smollm2": out.get("budget_smollm2", {}).get("leaves_per_s_ratio"),
-        "paged_step_ratio": out["decode_step"]["paged_step_ratio"],
-        "cascade_attention_speedup": out["cascade"]["cascade_attention_speedup"],
+        "paged_kv_bytes_over_unique": get("memory", "paged16", "kv_peak_over_unique"),
+        "slots_kv_bytes_over_unique": get("memory", "slots", "kv_peak_over_unique"),
+        "paged_rows_in_flight_ratio": get("budget_tiny", "rows_in_flight_ratio"),
+        "paged_leaves_per_s_ratio_tiny": get("budget_tiny", "leaves_per_s_ratio"),
+        "paged_rows_in_flight_ratio_smollm2": get("budget_smollm2", "rows_in_flight_ratio"),
+        "paged_leaves_per_s_ratio_smollm2": get("budget_smollm2", "leaves_per_s_ratio"),
+        "paged_step_ratio": get("decode_step", "paged_step_ratio"),
+        "cascade_attention_speedup": get("cascade", "cascade_attention_speedup"),
     }
     return {"paged": out}
 
@@ -299,7 +306,7 @@ def print_paged(result: dict) -> None:
         return
     print("\n== paged KV cache (issue 17) ==")
     print(f"{'cache':>8} {'peak/unique':>11} {'peak MiB':>9} {'CoW pages':>9} {'leaves/s':>9}")
-    for name, m in r["memory"].items():
+    for name, m in r.get("memory", {}).items():
         print(
             f"{name:>8} {m['kv_peak_over_unique']:>11.2f} {m['kv_peak_bytes'] / 2**20:>9.1f} "
             f"{m['cow_pages']:>9} {m['leaves_per_s']:>9.2f}"
@@ -313,6 +320,8 @@ def print_paged(result: dict) -> None:
                 f"{b['slots']['leaves_per_s']:.2f} → {b['paged']['leaves_per_s']:.2f} "
                 f"({b['leaves_per_s_ratio']:.2f}×), preempted {b['paged']['preempted_prompts']}"
             )
+    if "decode_step" not in r or "cascade" not in r:
+        return
     d = r["decode_step"]
     bw = d["read_bandwidth"]["best_gbps"]
     print(f"decode step B={d['batch']} U={d['live']} (read ceiling {bw:.1f} GB/s):")

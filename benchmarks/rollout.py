@@ -116,6 +116,7 @@ class BenchConfig:
     paged_budget_mib_smollm2: int = 512  # SmolLM2-135M (45 KiB per token in f32)
     paged_smollm2_prompts: int = 8
     paged_smollm2_repeats: int = 2
+    paged_sections: tuple[str, ...] = ("cascade", "decode", "memory", "budget_tiny", "budget_smollm2")
     seed: int = 0
 
     def __post_init__(self):
@@ -939,6 +940,11 @@ def parse_args(argv: list[str]) -> BenchConfig:
         ap.add_argument(f"--{name}", type=int, default=getattr(d, name))
     for name in ("batches", "profile_batches", "profile_contexts"):
         ap.add_argument(f"--{name}", type=_int_tuple, default=getattr(d, name))
+    ap.add_argument(
+        "--paged_sections",
+        default=",".join(d.paged_sections),
+        help="paged part: which of cascade,decode,memory,budget_tiny,budget_smollm2",
+    )
     ap.add_argument("--latency_ms", type=float, default=d.latency_ms, help="scheduler part: HTTP latency")
     ap.add_argument("--torch_threads", default="auto", help="an int, or 'auto' (probe cores and 1)")
     ap.add_argument("--kv_smollm2", type=int, default=1, help="kv_dtype part: 1 also measures SmolLM2")
@@ -949,6 +955,7 @@ def parse_args(argv: list[str]) -> BenchConfig:
     )
     args = vars(ap.parse_args(argv))
     args["parts"] = tuple(p for p in args["parts"].split(",") if p)
+    args["paged_sections"] = tuple(p for p in args["paged_sections"].split(",") if p)
     args["torch_threads"] = None if args["torch_threads"] == "auto" else int(args["torch_threads"])
     args["kv_smollm2"] = bool(args["kv_smollm2"])
     args["sigterm"] = bool(args["sigterm"])

@@ -17,7 +17,6 @@ crossover prefix length where it starts to pay).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 

@@ -186,6 +186,7 @@ class Scheduler:
         self.page_truncated = 0  # walks ended because their prompt alone did not fit the pool
         self._progress = False
         self._prompt_len: dict[int, int] = {}
+        self._footprints: list[int] = []  # pages each completed prompt held at its end
         g = ctx.search.leaves_per_prompt
         self.later = g - ctx.search.num_trees  # a prompt's slots after its first chains
         self.sampling = {}  # rows → SamplingParams (the same knobs for every row)
@@ -233,13 +234,20 @@ class Scheduler:
         engine, m = self.ctx.engine, self.ctx.search.num_trees
         q = self._quantum_pages()
         free = engine.free_pages - q * (len(self.decoding) + len(self.ready))
-        alone = not any(p.open_trees and not p.preempted for p in self.prompts)
+        open_prompts = [p for p in self.prompts if p.open_trees and not p.preempted]
+        alone = not open_prompts
+        # Once prompts have completed, their mean footprint is what a prompt will hold at its end:
+        # the running prompts' remaining growth is reserved, and a new one must fit whole (an
+        # optimistic rule alone admits prompts that are later preempted: wasted work).
+        expected = int(np.mean(self._footprints)) if self._footprints else 0
+        if expected:
+            free -= sum(max(0, expected - self._prompt_pages(p)) for p in open_prompts)
         n = 0
         for i in list(self.queue)[:fits]:
             if i not in self._prompt_len:
                 self._prompt_len[i] = len(prompt_tokens(self.ctx.env, self.rows[i].question))
             prefill = engine.pool.pages_for(self._prompt_len[i]) + (m - 1)
-            need = prefill + m * q
+            need = max(prefill + m * q, expected)
             if need > free and not (alone and n == 0 and prefill <= free):
                 if alone and n == 0:
                     raise OutOfPagesError(
@@ -250,6 +258,12 @@ class Scheduler:
             free -= need
             n += 1
         return n
+
+    def _prompt_pages(self, prompt: _Prompt) -> int:
+        """Distinct pages the prompt's sequences hold (its trees share the prompt's pages)."""
+        pool = self.ctx.engine.pool
+        held = [pool.table[s, : pool.held[s]] for s in prompt.slots]
+        return len(np.unique(np.concatenate(held))) if held else 0
 
     def _admit(self) -> None:
         engine, g = self.ctx.engine, self.ctx.search.leaves_per_prompt
@@ -523,6 +537,8 @@ class Scheduler:
         prompt = tree.prompt
         prompt.open_trees -= 1
         if not prompt.open_trees:
+            if self.ctx.engine.paged:
+                self._footprints.append(self._prompt_pages(prompt))
             self.ctx.engine.free(prompt.slots)
             self.ctx.counters.add(prompt.counters)
             self.admit_after_done = False
