@@ -49,5 +49,5 @@ def test_without_a_compiler_every_caller_takes_the_xla_path(monkeypatch, caplog)
 
 
 def test_an_unknown_name_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"unknown 'fast'; allowed: \['auto', 'xla', 'native'\]"):
+    with pytest.raises(ValueError, match=r"unknown 'fast'; allowed: \['auto', 'xla', 'native', 'pallas'\]"):
         native.resolve("fast")

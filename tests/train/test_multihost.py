@@ -22,7 +22,15 @@ NOISE_KEYS = {"train/grad_norm", "train/logp_gap"}
 # How the engine's batches were cut: each host decodes its own share, so these differ by design.
 ENGINE_USE_KEYS = {
     f"rollout/{k}"
-    for k in ("slots", "decode_calls", "decode_steps", "row_steps", "occupancy", "waste_fraction")
+    for k in (
+        "slots",
+        "decode_calls",
+        "decode_steps",
+        "row_steps",
+        "occupancy",
+        "waste_fraction",
+        "rows_in_flight",
+    )
 }
 
 

@@ -277,6 +277,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         metrics["rollout/reprefill_ratio"] = metrics["rollout/reprefill_tokens"] / max(
             1.0, metrics["rollout/prefilled_tokens"]
         )
+        # A ratio of the totals over all hosts (not a mean of per-host ratios).
+        metrics["rollout/kv_peak_over_unique"] = metrics["rollout/kv_peak_tokens"] / max(
+            1.0, metrics["rollout/unique_tokens"]
+        )
         done = step + 1
         log_metrics(done, metrics)
         bar.set_postfix(
