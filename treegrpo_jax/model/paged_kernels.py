@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from treegrpo_jax.model.decode_attention import decode_attention_xla
+
 PLATFORMS = ("gpu", "tpu")
-_NEG_INF = -1e30
 
 
 def paged_attention_xla(
@@ -36,21 +37,17 @@ def paged_attention_xla(
     pages_BM: Int[Array, "B M"],
     lengths: Int[Array, " B"],
 ) -> Float[Array, "B H D"]:
-    """Reference: gather each row's pages in order, attend its first `lengths[b]` keys in f32."""
+    """Reference: each row's pages gathered in table order are a slot; attend it with the slot
+    cache's reference (`decode_attention_xla`). Rows of length 0 give zeros."""
     k_heads, num_pages, p, d = k_pages.shape
-    b, h, _ = q_BHD.shape
-    m = pages_BM.shape[1]
+    b, m = pages_BM.shape
     pages = jnp.clip(pages_BM, 0, num_pages - 1)
 
-    def rows(pool):
-        return pool[:, pages].transpose(1, 0, 2, 3, 4).reshape(b, k_heads, m * p, d).astype(jnp.float32)
+    def as_slots(pool):  # [1, B, K, M·P, D]: one layer of B slots
+        return pool[:, pages].transpose(1, 0, 2, 3, 4).reshape(1, b, k_heads, m * p, d)
 
-    q = q_BHD.reshape(b, k_heads, h // k_heads, d).astype(jnp.float32)
-    scores = jnp.einsum("bkgd,bkud->bkgu", q, rows(k_pages), precision="highest") * (d**-0.5)
-    live = jnp.arange(m * p)[None, :] < lengths[:, None]
-    scores = jnp.where(live[:, None, None, :], scores, _NEG_INF)
-    out = jnp.einsum("bkgu,bkud->bkgd", jax.nn.softmax(scores, axis=-1), rows(v_pages), precision="highest")
-    return jnp.where((lengths > 0)[:, None, None], out.reshape(b, h, d), 0.0)
+    out = decode_attention_xla(q_BHD, as_slots(k_pages), as_slots(v_pages), 0, jnp.arange(b), lengths)
+    return jnp.where((lengths > 0)[:, None, None], out, 0.0)
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
