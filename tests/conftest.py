@@ -39,3 +39,45 @@ def torch():
 
     torch.set_num_threads(1)
     return torch
+
+
+def write_bos_tokenizer(smol_tokenizer, directory, *, template_writes_bos: bool):
+    """SmolLM2's vocabulary as a Llama-3-style HF tokenizer in `directory`: its post-processor
+    prepends BOS (`<|endoftext|>`, id 0), and its chat template writes `{{ bos_token }}` or not."""
+    import json
+
+    smol_tokenizer.backend.save_pretrained(directory)
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}},
+    }
+    (directory / "tokenizer.json").write_text(json.dumps(spec))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.update(bos_token="<|endoftext|>")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    head = "{{ bos_token }}" if template_writes_bos else ""
+    (directory / "chat_template.jinja").write_text(
+        head + "<|im_start|>user\n{{ messages[0]['content'] }}<|im_end|>\n{{ '<|im_start|>assistant\\n' }}"
+    )
+    return directory
+
+
+@pytest.fixture(scope="session", params=["no_bos", "bos_in_template", "bos_added"])
+def tokenizer_kinds(request, smollm2, tmp_path_factory):
+    """The three ways a tokenizer meets BOS: none (SmolLM2, Qwen2), written by the chat template
+    (Llama 3), or prepended by the tokenizer to a template that does not write it."""
+    from treegrpo_jax.model.tokenizer import Tokenizer
+
+    if request.param == "no_bos":
+        return request.param, smollm2[2]
+    writes = request.param == "bos_in_template"
+    directory = write_bos_tokenizer(
+        smollm2[2], tmp_path_factory.mktemp(request.param), template_writes_bos=writes
+    )
+    return request.param, Tokenizer.from_hf_dir(directory)

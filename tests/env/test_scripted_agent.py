@@ -11,13 +11,12 @@ from treegrpo_jax.data import WorldConfig, build_world
 from treegrpo_jax.env import scripted_agent
 from treegrpo_jax.env.actions import ActionKind, Answer, Search, parse_action
 from treegrpo_jax.env.bm25 import BM25Retriever
-from treegrpo_jax.env.prompt import PromptConfig
+from treegrpo_jax.env.prompt import PromptConfig, prompt_text
 from treegrpo_jax.env.rewards import is_well_formed, training_reward
 from treegrpo_jax.env.scripted_agent import (
     CharTokenizer,
     Mistake,
     ScriptConfig,
-    chat_prompt,
     make_demonstrations,
     read_demonstrations,
     tokenize_demonstration,
@@ -192,7 +191,7 @@ def test_tokenized_mask_covers_exactly_the_generated_spans(world, retriever, tok
     demos = _make(world.train[:30], retriever, tokenizer)
     for demo in demos:
         tok = tokenize_demonstration(demo, tokenizer, chat=chat)
-        prompt = chat_prompt(demo.prompt, tokenizer, chat=chat)
+        prompt = prompt_text(demo.prompt, tokenizer, chat=chat)
         assert prompt.startswith("<|im_start|>user\n") is chat
         segments = [(prompt, False)]
         for step in demo.steps:

@@ -6,6 +6,7 @@ import json
 import pytest
 import regex
 
+from tests.conftest import write_bos_tokenizer
 from treegrpo_jax.model import assets
 from treegrpo_jax.model.pretrained import resolve_spec
 from treegrpo_jax.model.tokenizer import QWEN2_PATTERN, QWEN25_ADDED, QWEN25_SPECIAL, Tokenizer
@@ -135,29 +136,21 @@ def test_hf_dir_tokenizer_with_generation_config(smol, tmp_path):
     assert tok.apply_chat_template([{"role": "user", "content": "Hi"}]).startswith("<|im_start|>system")
 
 
-def test_hf_dir_tokenizer_that_adds_bos(smol, tmp_path):
-    """A Llama-3-style tokenizer (its post-processor prepends BOS, its template writes BOS)."""
-    smol.backend.save_pretrained(tmp_path)
-    spec = json.loads((tmp_path / "tokenizer.json").read_text())
-    spec["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [
-            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}},
-        ],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}},
-    }
-    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
-    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    config.update(bos_token="<|endoftext|>")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
-    tok = Tokenizer.from_hf_dir(tmp_path)
+@pytest.mark.parametrize("template_writes_bos", [True, False])
+def test_hf_dir_tokenizer_that_adds_bos(smol, tmp_path, template_writes_bos):
+    """A Llama-3-style tokenizer: segments never get BOS, a sequence start gets exactly one."""
+    tok = Tokenizer.from_hf_dir(write_bos_tokenizer(smol, tmp_path, template_writes_bos=template_writes_bos))
     assert tok.bos_id == 0 and tok.add_bos
-    assert tok.encode("Hello") == [0, *smol.encode("Hello")]
-    assert tok.encode("Hello", add_bos=False) == smol.encode("Hello")
-    assert tok.encode_chat([{"role": "user", "content": "Hello"}]) == [0, *smol.encode("Hello")]  # one BOS
+    assert tok.encode("Hello") == smol.encode("Hello")  # a segment: nothing added
+    assert tok.encode_prompt("Hello") == [0, *smol.encode("Hello")]
+    assert tok.encode_prompt("<|endoftext|>Hello") == [0, *smol.encode("Hello")]  # not a second one
+    chat = tok.encode_chat([{"role": "user", "content": "Hello"}])
+    assert chat[0] == 0 and chat.count(0) == 1
+    assert tok.decode(chat[1:]) == "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tokenizers_without_bos_never_add_one(smol):
+    assert smol.encode_prompt("Hello") == smol.encode("Hello") == smol.backend("Hello")["input_ids"]
 
 
 def test_hf_dir_without_tokenizer(tmp_path):

@@ -314,7 +314,7 @@ def test_rollout_key_changes_the_picks(markov, env, world):
 def test_a_step_split_into_quanta_is_the_same_step(markov, env):
     """Tokens, log-probs and the stop flag of one call equal those of 1-, 3- and 5-step calls."""
     tok = env.tokenizer
-    prompt = tok.encode("Who founded the city?", add_bos=False)
+    prompt = tok.encode("Who founded the city?")
     keys = jax.random.split(jax.random.key(4), 16)
     sampling = SamplingParams.make(16, temperature=1.0, top_p=1.0)
     outcomes = {}

@@ -5,6 +5,9 @@ placeholder ``{question}`` exactly once. Only that placeholder is substituted (n
 so templates may contain other braces and questions may contain anything.
 
 The rendered prompt is the *user message*; the tokenizer's chat template (if any) wraps it.
+`prompt_ids` is the one place a prompt becomes token ids (BOS once), for rollouts and cold-start
+demonstrations alike; everything after it (model steps, observations) is encoded as a segment
+(`encode`, which adds nothing).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import dataclasses
 import importlib.resources
 import os
 import re
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 PLACEHOLDER = "{question}"
 DEFAULT_TEMPLATE = "search_agent"
@@ -102,3 +107,48 @@ class PromptConfig:
     def render(self, question: str) -> str:
         """The user message for ``question``."""
         return render_prompt(self.template, question)
+
+
+@runtime_checkable
+class PromptTokenizer(Protocol):
+    """What `prompt_ids` needs: segment and sequence-start encodes (`model.tokenizer.Tokenizer`)."""
+
+    def encode(self, text: str) -> list[int]:
+        """A segment: no BOS / EOS added."""
+        ...
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The start of a sequence: BOS once, when the tokenizer uses one."""
+        ...
+
+
+@runtime_checkable
+class _ChatTemplating(Protocol):
+    has_chat_template: bool
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+def prompt_text(user_message: str, tokenizer: object, *, chat: bool = True) -> str:
+    """The prompt text the model sees: the user message in the tokenizer's chat template, if any.
+
+    Args:
+      user_message: the rendered prompt (`PromptConfig.render`).
+      tokenizer: the policy's tokenizer.
+      chat: False keeps the plain message even when a template exists.
+
+    Returns:
+      The text to encode, ending where the assistant's first step begins.
+    """
+    if chat and isinstance(tokenizer, _ChatTemplating) and tokenizer.has_chat_template:
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_message}], add_generation_prompt=True
+        )
+    return user_message
+
+
+def prompt_ids(user_message: str, tokenizer: PromptTokenizer, *, chat: bool = True) -> list[int]:
+    """The prompt's token ids: `prompt_text`, with BOS once (the template's, or the tokenizer's)."""
+    return tokenizer.encode_prompt(prompt_text(user_message, tokenizer, chat=chat))

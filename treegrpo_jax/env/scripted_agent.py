@@ -49,11 +49,11 @@ import json
 import os
 import random
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from treegrpo_jax.env.actions import ActionKind
 from treegrpo_jax.env.observation import ObservationConfig, TokenizerLike, format_observation
-from treegrpo_jax.env.prompt import PromptConfig
+from treegrpo_jax.env.prompt import PromptConfig, PromptTokenizer, prompt_ids
 from treegrpo_jax.env.retrieval import Retriever
 from treegrpo_jax.env.rewards import em, score_trajectory
 
@@ -64,7 +64,6 @@ __all__ = [
     "Mistake",
     "ScriptConfig",
     "TokenizedDemonstration",
-    "chat_prompt",
     "make_demonstrations",
     "read_demonstrations",
     "tokenize_demonstration",
@@ -248,6 +247,9 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)  # no BOS
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
@@ -446,33 +448,6 @@ def _assemble(
     )
 
 
-@runtime_checkable
-class _ChatTemplating(Protocol):
-    has_chat_template: bool
-
-    def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
-    ) -> str: ...
-
-
-def chat_prompt(user_message: str, tokenizer: TokenizerLike, *, chat: bool = True) -> str:
-    """The prompt text the model sees: the user message in the tokenizer's chat template, if any.
-
-    Args:
-      user_message: the rendered prompt (`PromptConfig.render`).
-      tokenizer: the policy's tokenizer (our `Tokenizer`, or anything `TokenizerLike`).
-      chat: False keeps the plain message even when a template exists.
-
-    Returns:
-      The text to encode, ending where the assistant's first step begins.
-    """
-    if chat and isinstance(tokenizer, _ChatTemplating) and tokenizer.has_chat_template:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_message}], add_generation_prompt=True
-        )
-    return user_message
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenizedDemonstration:
     """A demonstration as token spans: ``(ids, trained)`` for the prompt, then each step's generated
@@ -493,20 +468,20 @@ class TokenizedDemonstration:
 
 
 def tokenize_demonstration(
-    demo: Demonstration, tokenizer: TokenizerLike, *, chat: bool = True
+    demo: Demonstration, tokenizer: PromptTokenizer, *, chat: bool = True
 ) -> TokenizedDemonstration:
     """Tokenizes each segment on its own, as the rollout does (token-in / token-out).
 
     Args:
       demo: the demonstration.
-      tokenizer: the policy's tokenizer; ``encode`` must not add BOS/EOS to segments (the
-        `TokenizerLike` contract).
-      chat: wrap the prompt in the chat template (see `chat_prompt`).
+      tokenizer: the policy's tokenizer: the prompt goes through `prompt_ids` (BOS once), every
+        step and observation through ``encode`` (nothing added), exactly as in a rollout.
+      chat: wrap the prompt in the chat template (see `prompt_text`).
 
     Returns:
       The spans; no EOS is appended after the final answer (the ``</answer>`` stop string ends it).
     """
-    spans = [(tuple(tokenizer.encode(chat_prompt(demo.prompt, tokenizer, chat=chat))), False)]
+    spans = [(tuple(prompt_ids(demo.prompt, tokenizer, chat=chat)), False)]
     for step in demo.steps:
         spans.append((tuple(tokenizer.encode(step.generated)), True))
         if step.observation:

@@ -3,10 +3,13 @@
 `Tokenizer` wraps a `transformers` fast tokenizer and adds the few decisions generation
 needs, made once here rather than at every call site:
 
-* BOS: `encode` never lets the backend add special tokens; it prepends BOS itself when
-  the checkpoint's tokenizer would (Llama 3 does, Qwen2 and SmolLM2 do not). Text
-  rendered by a chat template already carries BOS when the template writes it, so
-  `encode_chat` never adds a second one.
+* BOS, once, at the start of a sequence: `encode` is for *segments* (a model step, an
+  observation, a demonstration step) and never adds special tokens; `encode_prompt` starts a
+  sequence and prepends BOS when the checkpoint's tokenizer would (Llama 3 does, Qwen2 and
+  SmolLM2 do not) unless the text already begins with it (a chat template that writes BOS).
+  `encode_chat` renders the template and goes through `encode_prompt`. Rollouts and cold-start
+  demonstrations both come through `env.prompt.prompt_ids` + `encode`, so their ids agree for
+  either kind of tokenizer.
 * EOS: a *set* of ids (instruct models end a turn with e.g. <|im_end|> while their
   base vocabulary's EOS is <|endoftext|>); taken from generation_config.json too.
 """
@@ -145,15 +148,16 @@ class Tokenizer:
         """Ids in use (a checkpoint's embedding may be larger: Qwen2.5 pads to 151,936)."""
         return len(self.backend)
 
-    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`; special-token strings in the text become their ids.
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a segment of `text` (no BOS / EOS added); special-token strings in the
+        text become their ids."""
+        return self.backend.encode(text, add_special_tokens=False)
 
-        Args:
-          text: the text.
-          add_bos: prepend BOS; default: whatever the checkpoint's tokenizer does.
-        """
-        ids = self.backend.encode(text, add_special_tokens=False)
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of `text` as the start of a sequence: BOS prepended once when the checkpoint's
+        tokenizer adds one and `text` does not already begin with it."""
+        ids = self.encode(text)
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids = [self.bos_id, *ids]
         return ids
 
@@ -189,10 +193,8 @@ class Tokenizer:
     def encode_chat(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
-        """Ids of the rendered chat; BOS only if the template did not already write it."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
-        bos_piece = None if self.bos_id is None else self.id_to_piece(self.bos_id)
-        return self.encode(text, add_bos=self.add_bos and not (bos_piece and text.startswith(bos_piece)))
+        """Ids of the rendered chat, BOS once (`encode_prompt`)."""
+        return self.encode_prompt(self.apply_chat_template(messages, add_generation_prompt))
 
 
 class _RanksConverter(TikTokenConverter):

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import jax
 import numpy as np
+import tqdm
 from flax import nnx
 from jax.experimental import multihost_utils
 from safetensors import safe_open
@@ -201,7 +202,9 @@ def assemble_decoder(
     shardings = dict(nnx.to_flat_state(param_shardings(state, mesh, rules)))
     mappings = {ours: (m, names) for ours, m, names in expected_tensors(cfg)}
     dtype = cfg.jnp_param_dtype
-    for path, var in nnx.to_flat_state(state):
+    flat = list(nnx.to_flat_state(state))
+    # A bar: an 8B checkpoint on a network disk takes minutes, and nothing else prints meanwhile.
+    for path, var in tqdm.tqdm(flat, desc="loading weights", unit="tensor", dynamic_ncols=True, leave=False):
         m, names = mappings[path[-1]]
         shape = tuple(var.shape)
 

@@ -110,7 +110,7 @@ class AgentEnv:
     observation: ObservationConfig = dataclasses.field(default_factory=ObservationConfig)
 
     def encode_obs(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_bos=False)
+        return self.tokenizer.encode(text)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -7,6 +7,7 @@ import time
 
 import jax
 
+from treegrpo_jax.env.prompt import prompt_ids
 from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.sampling import SamplingParams
@@ -39,15 +40,7 @@ def generate_ids(
 
 def generate_text(model: Decoder, tokenizer, prompts: list[str], *, chat: bool = True, **kwargs) -> list[str]:
     """Text in, text out. With `chat`, each prompt is wrapped in the tokenizer's chat template."""
-    ids = []
-    for prompt in prompts:
-        if chat and tokenizer.has_chat_template:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True
-            )
-            ids.append(tokenizer.encode(text))
-        else:
-            ids.append(tokenizer.encode(prompt))
+    ids = [prompt_ids(prompt, tokenizer, chat=chat) for prompt in prompts]
     new = generate_ids(model, ids, eos_ids=tuple(tokenizer.eos_ids), **kwargs)
     eos = set(tokenizer.eos_ids)
     return [tokenizer.decode([t for t in seq if t not in eos]) for seq in new]

@@ -120,17 +120,18 @@ def rollout_lockstep(
     trees: list[Tree] = []
     for start in range(0, len(rows), wave):
         idx = list(range(start, min(start + wave, len(rows))))
-        trees += _wave(ctx, [rows[i] for i in idx], idx, [uids[i] for i in idx], should_stop)
+        trees += _wave(ctx, [rows[i] for i in idx], idx, [uids[i] for i in idx], should_stop, trees)
     return trees
 
 
-def _wave(ctx: RolloutContext, rows, row_ids, uids, should_stop) -> list[Tree]:
+def _wave(ctx: RolloutContext, rows, row_ids, uids, should_stop, done: list[Tree]) -> list[Tree]:
     engine, times = ctx.engine, ctx.times
     t0 = time.perf_counter()
     states, trajs, used = start_trees(ctx, rows, row_ids, uids)
     times.append += time.perf_counter() - t0
     try:
         _advance_and_record(ctx, states, trajs, should_stop)
+        ctx.report([*done, *(s.tree for s in states)])
         for round_idx in range(ctx.search.expansion_rounds):
             t0 = time.perf_counter()
             picks = [(state, ctx.pick(state, round_idx)) for state in states]
@@ -139,6 +140,7 @@ def _wave(ctx: RolloutContext, rows, row_ids, uids, should_stop) -> list[Tree]:
             branch_trajs = fork_branches(ctx, picks, slots)
             times.fork += time.perf_counter() - t0
             _advance_and_record(ctx, states, branch_trajs, should_stop)
+            ctx.report([*done, *(s.tree for s in states)])
     finally:
         engine.free(used)
     return [s.tree for s in states]

@@ -201,6 +201,7 @@ class Scheduler:
             while self.queue or self.decoding or self.ready or self.inflight or self.pending_forks:
                 if self.should_stop():
                     raise RolloutCancelled("rollout stopped on request (SIGTERM)")
+                self.ctx.report(t for trees in self.trees.values() for t in trees)
                 self._progress = False
                 self._admit()
                 self._collect(block=False)
@@ -214,6 +215,7 @@ class Scheduler:
                         self._collect(block=True)
                     else:
                         self._relieve()
+            self.ctx.report(t for trees in self.trees.values() for t in trees)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             for prompt in self.prompts:  # after an error: hand back what is still held

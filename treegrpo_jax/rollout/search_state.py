@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import jax
 import numpy as np
 
 from treegrpo_jax.data.rows import QARow
+from treegrpo_jax.env.prompt import prompt_ids
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv, LoopCounters, PhaseTimes, Trajectory
 from treegrpo_jax.rollout.engine import Engine, EngineStats, OutOfSlotsError
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
@@ -167,6 +168,13 @@ class RolloutContext:
     greedy: bool = False
     times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
     counters: LoopCounters = dataclasses.field(default_factory=LoopCounters)
+    # Called between engine calls with the leaves finished so far, scored (a progress bar with
+    # EM so far; a preempted prompt's leaves are dropped with it, so reruns count once).
+    progress: Callable[[list[Node]], None] | None = None
+
+    def report(self, trees: Iterable[Tree]) -> None:
+        if self.progress is not None:
+            self.progress([leaf for t in trees for leaf in t.leaves()])
 
     def __post_init__(self):
         typed = jax.dtypes.issubdtype(self.key.dtype, jax.dtypes.prng_key)
@@ -213,12 +221,9 @@ def _fold_in3(root, a, b, c, *, impl):
 
 
 def prompt_tokens(env: AgentEnv, question: str) -> list[int]:
-    """The prompt ids: the rendered instruction, in the chat template when the tokenizer has one."""
-    message = env.prompt.render(question)
-    tok = env.tokenizer
-    if getattr(tok, "has_chat_template", False):
-        return tok.encode_chat([{"role": "user", "content": message}], add_generation_prompt=True)
-    return tok.encode(message)
+    """The prompt ids: the rendered instruction, in the chat template when the tokenizer has one,
+    BOS once (`env.prompt.prompt_ids`, the path the cold-start demonstrations take too)."""
+    return prompt_ids(env.prompt.render(question), env.tokenizer)
 
 
 def check_pool(engine: Engine, search: TreeSearchConfig) -> None:

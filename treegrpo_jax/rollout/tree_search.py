@@ -24,7 +24,7 @@ from treegrpo_jax.rollout.search_state import (
     check_pool,
     prompt_tokens,
 )
-from treegrpo_jax.rollout.tree import Tree
+from treegrpo_jax.rollout.tree import Node, Tree
 
 __all__ = [
     "RolloutCancelled",
@@ -48,6 +48,7 @@ def rollout(
     greedy: bool = False,
     scheduler: SchedulerConfig | None = None,
     should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[list[Node]], None] | None = None,
 ) -> tuple[list[Tree], RolloutStats]:
     """Grows M·(1+N·L)-leaf trees for every row; returns trees (prompt-major) and costs.
 
@@ -63,12 +64,16 @@ def rollout(
       scheduler: the driver and its knobs (default: continuous batching).
       should_stop: polled between decode calls; when it returns True the rollout raises
         `RolloutCancelled` within one call (SIGTERM handling).
+      progress: called between engine calls with the leaves finished so far (of
+        `len(rows) · search.leaves_per_prompt`), each scored (`reward`, `em`).
     """
     t_start = time.perf_counter()
     check_pool(engine, search)
     scheduler = scheduler or SchedulerConfig()
     uids = list(range(len(rows))) if prompt_uids is None else list(prompt_uids)
-    ctx = RolloutContext(engine=engine, env=env, search=search, agent=agent, key=key, greedy=greedy)
+    ctx = RolloutContext(
+        engine=engine, env=env, search=search, agent=agent, key=key, greedy=greedy, progress=progress
+    )
     before = engine.reset_stats()
     try:
         if scheduler.driver is Driver.LOCKSTEP:

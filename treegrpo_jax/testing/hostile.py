@@ -218,7 +218,7 @@ class HostileRig:
             elif isinstance(piece, bytes):
                 ids += [self._byte_ids[b] for b in piece]
             else:
-                ids += self.tokenizer.encode(piece, add_bos=False)
+                ids += self.tokenizer.encode(piece)
         return ids
 
     def run(self, case: HostileCase, *, seed: int = 0) -> tuple[list[Tree], RolloutStats]:

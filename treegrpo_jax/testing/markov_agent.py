@@ -29,7 +29,7 @@ def agent_chain(
     rng = np.random.default_rng(seed)
 
     def one(text: str) -> int:
-        ids = tokenizer.encode(text, add_bos=False)
+        ids = tokenizer.encode(text)
         if len(ids) != 1:
             raise ValueError(f"{text!r} is {len(ids)} tokens; agent_chain needs atomic agent tags")
         return ids[0]

@@ -54,7 +54,7 @@ class ModelSpec:
     source: ModelSource = ModelSource.PRETRAINED
     path: str = ""
     dims: tuple[tuple[str, Any], ...] = ()  # ModelConfig fields for SCRATCH (vocab from the tokenizer)
-    dtype: str = "float32"
+    dtype: str = "auto"  # compute: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16, float16
     param_dtype: str = "float32"
     kv_dtype: str = "auto"  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
     kernels: str = "auto"  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas (paged)
@@ -70,9 +70,9 @@ class ModelSpec:
             _check_path(
                 "model.path", self.path, f"an HF checkpoint directory, a .gguf file or {list(NAMED_MODELS)}"
             )
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"config.model.{name}={getattr(self, name)!r}; allowed: {list(_DTYPES)}")
+        for name, allowed in (("dtype", ("auto", *_DTYPES)), ("param_dtype", _DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config.model.{name}={getattr(self, name)!r}; allowed: {list(allowed)}")
         if self.kv_dtype not in _KV_DTYPES:
             raise ValueError(f"config.model.kv_dtype={self.kv_dtype!r}; allowed: {list(_KV_DTYPES)}")
         object.__setattr__(self, "kernels", _enum(Kernels, self.kernels, "model.kernels"))
@@ -84,7 +84,7 @@ class ModelSpec:
                 ModelConfig(
                     vocab_size=self.tokenizer_vocab,
                     **dict(self.dims),
-                    dtype=self.dtype,
+                    dtype="float32" if self.dtype == "auto" else self.dtype,
                     param_dtype=self.param_dtype,
                 )
             except (TypeError, ValueError) as e:

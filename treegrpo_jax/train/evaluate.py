@@ -43,8 +43,11 @@ def evaluate(
     seed: int = 0,
     scheduler: SchedulerConfig | None = None,
     should_stop=None,
+    progress=None,
 ) -> tuple[dict[str, float], list[Tree]]:
-    """EM overall and per `data_source`, tool calls per question and response length."""
+    """EM overall and per `data_source`, tool calls per question and response length.
+
+    `progress` is `rollout`'s (the questions answered so far, scored: e.g. `progress.LeafBar`)."""
     trees, stats = rollout(
         engine,
         env,
@@ -55,6 +58,7 @@ def evaluate(
         greedy=True,
         scheduler=scheduler,
         should_stop=should_stop,
+        progress=progress,
     )
     by_source: dict[str, list[float]] = collections.defaultdict(list)
     for row, tree in zip(rows, trees, strict=True):

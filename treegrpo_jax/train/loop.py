@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import tqdm
 from flax import nnx
 
+from treegrpo_jax import native
 from treegrpo_jax.data.loader import LoaderConfig, RowLoader
 from treegrpo_jax.env.retrieval import RetrieverUnavailableError
 from treegrpo_jax.parallel.mesh import make_mesh
@@ -46,6 +47,7 @@ from treegrpo_jax.train.evaluate import format_table, leaf_metrics
 from treegrpo_jax.train.export import save_model_config
 from treegrpo_jax.train.metrics import MetricsWriter, read_metrics, reduce_across_processes
 from treegrpo_jax.train.plots import plot_metrics
+from treegrpo_jax.train.progress import LeafBar, count_params, run_header
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +136,18 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         writer.write(step, metrics)
 
     def run_eval(step, engine):
-        metrics, trees = multihost.evaluate_sharded(
-            engine, env, test_rows, cfg.agent, seed=cfg.run.seed, scheduler=cfg.rollout, should_stop=preempted
-        )
+        mine = len(test_rows[jax.process_index() :: jax.process_count()])  # this host's questions
+        with LeafBar(mine, f"eval (step {step})", unit="q") as bar:
+            metrics, trees = multihost.evaluate_sharded(
+                engine,
+                env,
+                test_rows,
+                cfg.agent,
+                seed=cfg.run.seed,
+                scheduler=cfg.rollout,
+                should_stop=preempted,
+                progress=bar,
+            )
         log_metrics(step, metrics)
         if primary and cfg.run.render_trees:
             render_trees(
@@ -167,6 +178,23 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         ) from error
 
     latest = ckpt.latest_step()
+    if primary:
+        tqdm.tqdm.write(
+            run_header(
+                cfg,
+                model_cfg,
+                count_params(model),
+                train_rows=len(data.train),
+                test_rows=len(data.test),
+                eval_rows=len(test_rows),
+                retriever=setup.describe_retriever(retriever),
+                workdir=workdir,
+                mesh=mesh,
+                kv_dtype=setup.kv_dtype_for_backend(cfg.model.kv_dtype),
+                kernels=native.resolve(cfg.model.kernels).value,
+                resumed_from=latest,
+            )
+        )
     ref_params = None
     if latest is None:
         if cfg.sft.steps:
@@ -237,17 +265,19 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         first_prompt = jax.process_index() * len(rows)  # this host's first prompt of the step
         base_uid = step * cfg.run.prompts_per_step + first_prompt
         try:
-            trees, rstats = rollout(
-                engine,
-                env,
-                rows,
-                cfg.tree,
-                cfg.agent,
-                key=jax.random.fold_in(root_key, step),
-                prompt_uids=[base_uid + i for i in range(len(rows))],
-                scheduler=cfg.rollout,
-                should_stop=preempted,
-            )
+            with LeafBar(len(rows) * g, f"rollout (step {step + 1})") as leaf_bar:
+                trees, rstats = rollout(
+                    engine,
+                    env,
+                    rows,
+                    cfg.tree,
+                    cfg.agent,
+                    key=jax.random.fold_in(root_key, step),
+                    prompt_uids=[base_uid + i for i in range(len(rows))],
+                    scheduler=cfg.rollout,
+                    should_stop=preempted,
+                    progress=leaf_bar,
+                )
         except RetrieverUnavailableError as e:
             stop_for_outage(e, step, state, before)
         except RolloutCancelled:

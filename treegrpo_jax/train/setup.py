@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 
 import jax
 from jax.sharding import Mesh
@@ -74,13 +75,33 @@ def make_retriever(cfg: TrainConfig, data: Data) -> Retriever:
                 max_outage_s=cfg.retriever.max_outage_s or None,  # 0: error observations forever
             )
         )
+    t0 = time.perf_counter()
     if data.world is not None:
-        return BM25Retriever.from_texts([r["contents"] for r in data.world.corpus_rows()])
-    if not data.corpus_path:
+        log.info("BM25: indexing the world's %d passages", len(data.world.passages))
+        bm25 = BM25Retriever.from_texts([r["contents"] for r in data.world.corpus_rows()])
+    elif not data.corpus_path:
         raise ValueError(
             "config.retriever.corpus is empty: set it to a corpus JSONL for BM25, or use kind=http"
         )
-    return BM25Retriever.from_corpus(data.corpus_path)
+    else:
+        log.info("BM25: loading or indexing %s (minutes the first time for a large corpus)", data.corpus_path)
+        bm25 = BM25Retriever.from_corpus(data.corpus_path)
+    log.info(
+        "BM25: %d passages %s in %.1f s",
+        bm25.num_docs,
+        "loaded from the cache" if bm25.loaded_from_cache else "indexed",
+        time.perf_counter() - t0,
+    )
+    return bm25
+
+
+def describe_retriever(retriever: Retriever) -> str:
+    """One phrase for the run header."""
+    if isinstance(retriever, HttpRetriever):
+        return f"HTTP {retriever.cfg.url}"
+    if isinstance(retriever, BM25Retriever):
+        return f"BM25 over {retriever.num_docs} passages"
+    return type(retriever).__name__
 
 
 def make_tokenizer(cfg: TrainConfig, data: Data, retriever: Retriever, workdir: str) -> Tokenizer:
@@ -135,18 +156,38 @@ def retriever_faults(retriever: Retriever) -> dict[str, int]:
     return retriever.stats.as_dict() if isinstance(retriever, HttpRetriever) else {}
 
 
+# Measured on this project's 2-core EPYC CPU (BENCHMARKS.md §7, `benchmarks/smollm2_step.py`):
+# XLA:CPU has no bf16 matmul units and converts around every dot.
+_CPU_BF16_NOTE = (
+    "config.model.dtype=bfloat16 on the CPU backend: XLA:CPU emulates bf16 matmuls, so every "
+    "model step runs several times slower than in float32 (BENCHMARKS.md §7: SmolLM2's decode step "
+    "~12x, its update ~3x); use model.dtype=auto (float32 here, bfloat16 on GPU/TPU) unless you are "
+    "checking bf16 numerics"
+)
+
+
+def compute_dtype_for_backend(dtype: str) -> str:
+    """`auto` → float32 on CPU, bfloat16 on GPU / TPU (their matmul units); a bf16 request on
+    CPU is honoured with a warning that says what it costs."""
+    backend = jax.default_backend()
+    if dtype == "auto":
+        return "float32" if backend == "cpu" else "bfloat16"
+    if dtype == "bfloat16" and backend == "cpu":
+        log.warning(_CPU_BF16_NOTE)
+    return dtype
+
+
 def make_model(
     cfg: TrainConfig, tokenizer: Tokenizer | None, mesh: Mesh | None
 ) -> tuple[Decoder, ModelConfig, Tokenizer]:
+    dtype = compute_dtype_for_backend(cfg.model.dtype)
     if cfg.model.source == ModelSource.PRETRAINED:
-        return load_pretrained(
-            cfg.model.path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype
-        )
+        return load_pretrained(cfg.model.path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=dtype)
     assert tokenizer is not None
     model_cfg = ModelConfig(
         vocab_size=tokenizer.vocab_size,
         **dict(cfg.model.dims),
-        dtype=cfg.model.dtype,
+        dtype=dtype,
         param_dtype=cfg.model.param_dtype,
         eos_token_ids=tokenizer.eos_ids,
         max_position_embeddings=cfg.run.context_len,
