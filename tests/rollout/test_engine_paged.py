@@ -121,3 +121,12 @@ def test_bad_layout_arguments_are_refused():
         Engine(model, num_slots=1, max_len=8, kv_layout="pages")
     with pytest.raises(ValueError, match="power of two"):
         Engine(model, num_slots=1, max_len=8, kv_layout="paged", page_size=24)
+
+
+def test_slot_engine_with_the_pallas_kernel_equals_xla():
+    """The GPU default (`kernels=auto` there): the Pallas decode kernel over slots (interpreted here)."""
+    model = init_model(CFG, seed=3)
+    want = _script(Engine(model, num_slots=12, max_len=64, kernels="xla"), np.random.default_rng(2))
+    got = _script(Engine(model, num_slots=12, max_len=64, kernels="pallas"), np.random.default_rng(2))
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-5)

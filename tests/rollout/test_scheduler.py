@@ -200,6 +200,39 @@ def test_paged_scheduler_trees_equal_lockstep_slots(markov, env, world, pages, p
     assert st.page_truncated == 0
 
 
+@pytest.mark.parametrize("driver", ["lockstep", "continuous", "continuous_preempting"])
+def test_progress_reports_each_leaf_once_and_ends_at_all_of_them(markov, env, world, driver):
+    """`rollout(progress=...)` (the run's leaf bars): never more than the total, lowered only when
+    a preempted prompt's leaves are dropped (to be rerun), and it ends with every leaf, scored as
+    the returned trees are."""
+    search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
+    rows = list(world.train[:6])
+    paged = dict(kv_layout="paged", page_size=16, num_pages=160) if driver == "continuous_preempting" else {}
+    cfg = LOCKSTEP if driver == "lockstep" else SchedulerConfig(quantum=4, exit_fraction=0.5)
+    eng = _engine(markov, env, 12 if driver == "lockstep" else 60, **paged)
+    seen = []
+    trees, st = rollout(
+        eng,
+        env,
+        rows,
+        search,
+        AGENT,
+        key=jax.random.key(5),
+        scheduler=cfg,
+        progress=lambda leaves: seen.append(leaves),
+    )
+    total = len(rows) * search.leaves_per_prompt
+    counts = [len(leaves) for leaves in seen]
+    assert counts[-1] == total and max(counts) == total
+    assert len(set(counts)) > 2  # reported as leaves finished, not only at the end
+    if driver == "continuous_preempting":
+        assert st.preempted_prompts > 0  # reruns happened; their dropped leaves may lower a count
+    else:
+        assert counts == sorted(counts)
+    final = sorted((leaf.reward, leaf.em) for leaf in seen[-1])
+    assert final == sorted((leaf.reward, leaf.em) for t in trees for leaf in t.leaves())
+
+
 @pytest.mark.parametrize("kernels", [Kernels.NATIVE, Kernels.XLA])
 def test_paged_scheduler_transformer_equals_lockstep_slots(transformer, env, world, kernels):
     if kernels is Kernels.NATIVE and not _native_ok():

@@ -75,6 +75,14 @@ class KVCache:
         )
         return o, dataclasses.replace(self, k=k, v=v)
 
+    def attend_pallas(self, layer, q_BHD, slots, live_lens, span: int):
+        """Decode attention of `layer` with the Pallas GPU kernel (after `write`; interpreted off
+        GPU, for tests) over each row's first `live_lens` keys of its slot's first `span`."""
+        from treegrpo_jax.model.slot_kernels import slot_attention_pallas
+
+        keys, values = self.read(layer, slots, span)
+        return slot_attention_pallas(q_BHD, keys, values, live_lens, interpret=jax.default_backend() != "gpu")
+
     def add_lengths(self, slots: Int[Array, " B"], chunk_lens: Int[Array, " B"]) -> KVCache:
         lengths = self.lengths.at[slots].add(chunk_lens.astype(self.lengths.dtype), mode="drop")
         return dataclasses.replace(self, lengths=lengths)

@@ -10,8 +10,9 @@ per K and V. Matmuls run in `cfg.dtype`; RMSNorm, softmax, RoPE and logits are f
 
 Three entry points:
   * `__call__(tokens, positions, mask)`: full-sequence forward with explicit positions
-    and a [B, T, T] attention mask (so packed and tree-shaped batches are possible), or a
-    block-sparse `BlockMask` (`block_attention.py`) that skips the key blocks it does not list;
+    and a [B, T, T] attention mask (so packed and tree-shaped batches are possible), a
+    block-sparse `BlockMask` (`block_attention.py`) that skips the key blocks it does not list,
+    or a `CausalMask` (left-aligned causal rows: the fused kernel, `causal_attention.py`);
   * `append(tokens, chunk_lens, cache)`: write a ragged chunk into every slot at the
     slot's own offset and return logits (prefill, observations, and — with C=1 — decode);
   * `decode(tokens, cache, active)`: one token per slot, convenience over `append`.
@@ -27,6 +28,8 @@ from jaxtyping import Array, Bool, Float, Int
 from treegrpo_jax.model import rope
 from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
 from treegrpo_jax.model.cache import KVCache
+from treegrpo_jax.model.causal_attention import CausalMask, causal_attention
+from treegrpo_jax.model.causal_attention import implementation as causal_implementation
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.paged_cache import PagedKVCache
 from treegrpo_jax.native import Kernels
@@ -179,14 +182,23 @@ class Decoder(nnx.Module):
         self,
         tokens: Int[Array, "B T"],
         positions: Int[Array, "B T"],
-        mask: Bool[Array, "B T T"] | BlockMask,
+        mask: Bool[Array, "B T T"] | BlockMask | CausalMask,
     ) -> Float[Array, "B T E"]:
         """Final-norm hidden states of a full forward. `mask[b, i, j]`: query i may see key j;
-        a `BlockMask` computes only the key blocks it lists (packed trees)."""
+        a `BlockMask` computes only the key blocks it lists (packed trees); a `CausalMask`
+        (left-aligned causal rows) runs the fused kernel (`causal_attention.py`: cuDNN on GPU)."""
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
         if isinstance(mask, BlockMask):
             attend = lambda q, k, v: block_sparse_attention(q, k, v, mask)  # noqa: E731
+        elif isinstance(mask, CausalMask) and causal_implementation(self.cfg.jnp_dtype) != "dense":
+            impl = causal_implementation(self.cfg.jnp_dtype)
+            # Keys come head-major; the fused kernel takes them sequence-major (the two swaps cancel).
+            attend = lambda q, k, v: causal_attention(  # noqa: E731
+                q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, impl=impl
+            )
         else:
+            if isinstance(mask, CausalMask):  # no fused kernel here: the same mask, dense
+                mask = causal_mask(mask.valid(tokens.shape[1]))
             bias = mask_bias(mask)[:, None, None]  # once, not per layer
             attend = lambda q, k, v: self._attend(q, k, v, bias)  # noqa: E731
 
@@ -199,7 +211,10 @@ class Decoder(nnx.Module):
         return _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
 
     def __call__(
-        self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T T"] | BlockMask
+        self,
+        tokens: Int[Array, "B T"],
+        positions: Int[Array, "B T"],
+        mask: Bool[Array, "B T T"] | BlockMask | CausalMask,
     ) -> Float[Array, "B T V"]:
         return self.logits(self.hidden(tokens, positions, mask))
 
@@ -227,8 +242,9 @@ class Decoder(nnx.Module):
           all_logits: return [B, C, V] logits for every chunk position instead of only
             the last appended one ([B, V]; garbage for rows with chunk_lens == 0).
           kernels: for one-token chunks (decode), `native` reads each row's live keys in
-            place with the CPU kernel (`decode_attention.py`); `pallas` (paged cache only) runs
-            the backend's Pallas kernel (`paged_kernels.py`); `xla` gathers a masked span.
+            place with the CPU kernel (`decode_attention.py`); `pallas` runs the backend's Pallas
+            kernel (pages: `paged_kernels.py`, GPU or TPU; slots: `slot_kernels.py`, GPU — XLA
+            on TPU); `xla` gathers a masked span.
             Resolve `auto` first (`treegrpo_jax.native.resolve`).
 
         Returns:
@@ -248,7 +264,12 @@ class Decoder(nnx.Module):
         if kernels is Kernels.AUTO:
             raise ValueError("Decoder.append: resolve kernels='auto' first (treegrpo_jax.native.resolve)")
         native = kernels is Kernels.NATIVE and c == 1
-        pallas = kernels is Kernels.PALLAS and c == 1 and isinstance(cache, PagedKVCache)
+        # Pallas decode: pages on GPU and TPU, slots on GPU (TPU has no slot kernel: XLA there).
+        pallas = (
+            kernels is Kernels.PALLAS
+            and c == 1
+            and (isinstance(cache, PagedKVCache) or jax.default_backend() != "tpu")
+        )
         # Keys each row attends after its write: its new length (0 for rows that write nothing).
         live_lens = jnp.where(chunk_lens > 0, positions[:, 0] + 1, 0)
         # The slot cache reads the whole pool in place when row b is slot b; pages are gathered.
@@ -264,8 +285,8 @@ class Decoder(nnx.Module):
                 )
                 return (self._finish(p, x, o[:, None].astype(q.dtype)), cache), None
             cache = cache.write(i, slots, write_pos, k, v)
-            if pallas:  # the backend's paged-attention kernel reads the pages in place
-                o = cache.attend_pallas(i, q[:, 0], slots, live_lens)
+            if pallas:  # the backend's kernel reads each row's live keys (pages or slots) in place
+                o = cache.attend_pallas(i, q[:, 0], read_slots, live_lens, u)
                 return (self._finish(p, x, o[:, None].astype(q.dtype)), cache), None
             keys, values = cache.read(i, read_slots, u)
             o = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype), bias)

@@ -115,8 +115,10 @@ class PagedKVCache:
         )
         return o, dataclasses.replace(self, k=k, v=v)
 
-    def attend_pallas(self, layer, q_BHD, slots, live_lens):
-        """Decode attention of `layer` with the backend's Pallas kernel (after `write`)."""
+    def attend_pallas(self, layer, q_BHD, slots, live_lens, span: int | None = None):
+        """Decode attention of `layer` with the backend's Pallas kernel (after `write`); the page
+        table bounds what each row reads (`span` is the slot cache's, unused here)."""
+        del span
         from treegrpo_jax.model.paged_kernels import paged_attention_pallas, platform_for_backend
 
         platform, interpret = platform_for_backend()

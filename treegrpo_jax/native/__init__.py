@@ -5,7 +5,9 @@ Legend: see each kernel's source. This package imports nothing of ours: `model/`
 
 Every kernel here has an XLA implementation of the same contract next to its caller; that
 one is the reference the kernel is tested against, and the path on GPU / TPU or where no
-compiler is present. `Kernels.AUTO` picks the kernel on a CPU backend when it builds.
+compiler is present. `Kernels.AUTO` picks the kernel on a CPU backend when it builds, and the
+Pallas decode kernels on a GPU (the TPU default stays XLA until its Pallas paths are measured on a
+TPU).
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import jax
 
 
 class Kernels(enum.StrEnum):
-    AUTO = "auto"  # native on CPU when the library builds, else xla
+    AUTO = "auto"  # native on CPU when the library builds, pallas on GPU, else xla
     XLA = "xla"  # the XLA references (any backend)
     NATIVE = "native"  # the CPU kernels; an error where they cannot run
-    PALLAS = "pallas"  # paged decode attention with JAX's Pallas kernel of the backend (GPU / TPU;
-    # interpreted on CPU, for tests); the slot cache and sampling then use the XLA paths
+    PALLAS = "pallas"  # decode attention with JAX's Pallas kernels: pages on GPU / TPU, slots on GPU
+    # (interpreted on CPU, for tests); sampling and the TPU slot cache use the XLA paths
 
 
 def resolve(kernels: Kernels | str) -> Kernels:
@@ -35,9 +37,10 @@ def resolve(kernels: Kernels | str) -> Kernels:
         kernels = Kernels(kernels)
     except ValueError:
         raise ValueError(f"kernels: unknown {kernels!r}; allowed: {[k.value for k in Kernels]}") from None
-    usable = jax.default_backend() == "cpu" and build.available()
+    backend = jax.default_backend()
+    usable = backend == "cpu" and build.available()
     if kernels is Kernels.AUTO:
-        return Kernels.NATIVE if usable else Kernels.XLA
+        return Kernels.NATIVE if usable else Kernels.PALLAS if backend == "gpu" else Kernels.XLA
     if kernels is Kernels.NATIVE and not usable:
         raise ValueError("kernels='native' needs the CPU backend and a C++ compiler (treegrpo_jax/native)")
     return kernels

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from treegrpo_jax.model.block_attention import BlockMask
-from treegrpo_jax.model.decoder import Decoder, causal_mask
+from treegrpo_jax.model.causal_attention import CausalMask
+from treegrpo_jax.model.decoder import Decoder
 
 # Logits above this many bytes per call are computed chunk by chunk (`chunk=None`).
 _HEAD_BYTES = 256 * 2**20
@@ -122,7 +123,7 @@ def token_logprobs(
       model: the policy or reference decoder.
       tokens: left-aligned rows.
       positions: RoPE positions.
-      valid: real tokens (padding keys are hidden from attention).
+      valid: real tokens, a prefix of each row (padding keys are hidden from attention).
       chunk: sequence positions per LM-head chunk (C); ≥ T disables chunking; None: the whole
         sequence when its logits fit 256 MiB (`auto_chunk`).
 
@@ -130,7 +131,9 @@ def token_logprobs(
       (logp, entropy), both f32 [B, T], token-aligned (column 0 is 0).
     """
     b = tokens.shape[0]
-    h = model.hidden(tokens, positions, causal_mask(valid))[:, :-1]  # position t predicts t+1
+    # Left-aligned rows: causal attention within each row's length (the fused kernel on GPU).
+    lengths = jnp.sum(valid, axis=-1, dtype=jnp.int32)
+    h = model.hidden(tokens, positions, CausalMask(lengths))[:, :-1]  # position t predicts t+1
     logp, entropy = _chunked_head(model, h, tokens[:, 1:], chunk)
     zero = jnp.zeros((b, 1), jnp.float32)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, entropy], axis=1)

@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules
 from treegrpo_jax.rl.batch import LayoutKind
 from treegrpo_jax.rl.layouts import StepBatch, step_batch_shardings
-from treegrpo_jax.rl.logprobs import tree_token_logprobs
+from treegrpo_jax.rl.logprobs import token_logprobs, tree_token_logprobs
 from treegrpo_jax.rl.loss import LossAux, LossConfig, LossMode, policy_loss
 from treegrpo_jax.rl.optim import OptimConfig, learning_rate, make_optimizer
 from treegrpo_jax.rl.step_inputs import StepRows, prepare
@@ -48,6 +48,8 @@ def _select(ok, new, old):
 
 def _logp(graphdef, params, mb: StepRows, chunk: int | None):
     model = nnx.merge(graphdef, params)
+    if mb.key_blocks is None:  # path rows: left-aligned chains, plain causal attention (cuDNN on GPU)
+        return token_logprobs(model, mb.tokens, mb.positions, mb.segment > 0, chunk=chunk)
     layout = (mb.positions, mb.segment, mb.span_end, mb.prev)
     return tree_token_logprobs(model, mb.tokens, *layout, key_blocks=mb.key_blocks, chunk=chunk)
 

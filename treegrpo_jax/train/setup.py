@@ -156,24 +156,41 @@ def retriever_faults(retriever: Retriever) -> dict[str, int]:
     return retriever.stats.as_dict() if isinstance(retriever, HttpRetriever) else {}
 
 
-# Measured on this project's 2-core EPYC CPU (BENCHMARKS.md §7, `benchmarks/smollm2_step.py`):
-# XLA:CPU has no bf16 matmul units and converts around every dot.
-_CPU_BF16_NOTE = (
-    "config.model.dtype=bfloat16 on the CPU backend: XLA:CPU emulates bf16 matmuls, so every "
-    "model step runs several times slower than in float32 (BENCHMARKS.md §7: SmolLM2's decode step "
-    "~12x, its update ~3x); use model.dtype=auto (float32 here, bfloat16 on GPU/TPU) unless you are "
-    "checking bf16 numerics"
-)
+def cpu_bf16_flags() -> list[str]:
+    """The CPU's bf16 dot instructions (`avx512_bf16`, `amx_bf16`) from /proc/cpuinfo; [] when
+    it has none, or off Linux."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    return sorted({f for f in flags if f in ("avx512_bf16", "amx_bf16")})
 
 
 def compute_dtype_for_backend(dtype: str) -> str:
-    """`auto` → float32 on CPU, bfloat16 on GPU / TPU (their matmul units); a bf16 request on
-    CPU is honoured with a warning that says what it costs."""
+    """`auto` → float32 on CPU, bfloat16 on GPU / TPU (their matmul units). A bf16 request on
+    CPU is honoured, with a warning that says what it costs on this CPU (BENCHMARKS.md §7,
+    `benchmarks/smollm2_step.py`)."""
     backend = jax.default_backend()
     if dtype == "auto":
         return "float32" if backend == "cpu" else "bfloat16"
     if dtype == "bfloat16" and backend == "cpu":
-        log.warning(_CPU_BF16_NOTE)
+        flags = cpu_bf16_flags()
+        if flags:
+            log.warning(
+                "config.model.dtype=bfloat16 on CPU: this CPU has %s, so bf16 dots run natively "
+                "(measured for SmolLM2 on a 2-core EPYC with avx512_bf16: decode 1.03x, log-prob pass "
+                "0.84x, update 1.19x the f32 time), "
+                "and log-probs round to bf16 precision; model.dtype=auto uses float32 on CPU",
+                "/".join(flags),
+            )
+        else:
+            log.warning(
+                "config.model.dtype=bfloat16 on a CPU without bf16 dot instructions (avx512_bf16 / "
+                "amx_bf16): XLA:CPU converts around every dot, and a model step can be >10x slower "
+                "than in float32 (SmolLM2's decode step was once measured at 2,323 ms vs 181 ms); "
+                "use model.dtype=auto (float32 on CPU, bfloat16 on GPU/TPU)"
+            )
     return dtype
 
 
