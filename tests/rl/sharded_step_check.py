@@ -17,7 +17,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from tests.rl.forest import random_forest  # noqa: E402
 from tests.rl.tiny import TINY, compile_fast  # noqa: E402
 from treegrpo_jax.model.build import init_model, param_shardings  # noqa: E402
 from treegrpo_jax.parallel import MeshConfig, make_mesh  # noqa: E402
@@ -32,6 +31,7 @@ from treegrpo_jax.rl import (  # noqa: E402
     rows_from_trees,
     shard_batch,
 )
+from treegrpo_jax.testing.forest import random_forest  # noqa: E402
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
 # eps=1e-3: Adam's first update g/(|g|+eps) stays smooth in g (see test_train_step.py).

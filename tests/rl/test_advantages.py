@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.rl.forest import random_forest
 from treegrpo_jax.rl import advantages
 from treegrpo_jax.rl.advantages import Estimator
 from treegrpo_jax.rl.batch import rows_from_trees
+from treegrpo_jax.testing.forest import random_forest
 
 
 def _loop_zscore(rewards, keys, mask):

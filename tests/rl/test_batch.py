@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from tests.rl.forest import random_forest
 from treegrpo_jax.rl.batch import (
     BatchLayout,
     PathRow,
@@ -14,6 +13,7 @@ from treegrpo_jax.rl.batch import (
 )
 from treegrpo_jax.rl.sft import demonstration_row
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
+from treegrpo_jax.testing.forest import random_forest
 
 
 def _small_tree():

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.rl.forest import random_forest
 from tests.rl.tiny import compile_fast
 from treegrpo_jax.model.decoder import causal_mask
 from treegrpo_jax.rl import advantages
@@ -14,6 +13,7 @@ from treegrpo_jax.rl.batch import BatchLayout, build_batch, rows_from_trees
 from treegrpo_jax.rl.logprobs import token_logprobs
 from treegrpo_jax.rl.loss import LossConfig, policy_loss
 from treegrpo_jax.rl.token_weights import row_weights
+from treegrpo_jax.testing.forest import random_forest
 
 
 def _rows(seed=0, b=3, t=13):

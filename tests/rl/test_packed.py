@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.rl.forest import random_forest
 from tests.rl.tiny import compile_fast
 from treegrpo_jax.model.decoder import causal_mask
 from treegrpo_jax.rl import (
@@ -30,6 +29,7 @@ from treegrpo_jax.rl import (
 )
 from treegrpo_jax.rl.packed import key_blocks
 from treegrpo_jax.rl.step_inputs import prepare
+from treegrpo_jax.testing.forest import random_forest
 
 
 def _forest(seed=11):

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.rl.forest import random_forest
 from tests.rl.tiny import compile_fast
 from treegrpo_jax.rl import (
     BatchLayout,
@@ -23,6 +22,7 @@ from treegrpo_jax.rl import (
     sft_loss_config,
     train_step,
 )
+from treegrpo_jax.testing.forest import random_forest
 
 # Adam's first update is g/(|g|+eps): with eps=1e-8 a gradient of ~1e-8 flips on rounding noise.
 # A larger eps keeps equivalence tests smooth in the gradient (the step's maths is unchanged).
