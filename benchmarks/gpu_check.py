@@ -467,18 +467,22 @@ def part_mfu(sizes: Sizes, args, ceilings: dict) -> dict:
 def part_smollm2(sizes: Sizes, args) -> dict:
     import importlib.util
 
-    from ml_collections import ConfigDict  # noqa: F401  (the config needs it)
-
+    from treegrpo_jax.model import assets
     from treegrpo_jax.train.config import from_config_dict
     from treegrpo_jax.train.loop import train_and_evaluate
     from treegrpo_jax.train.metrics import read_metrics
 
-    spec = importlib.util.spec_from_file_location(
-        "multihop", Path(__file__).parents[1] / "configs/multihop.py"
-    )
+    path = Path(__file__).parents[1] / "configs/multihop.py"
+    spec = importlib.util.spec_from_file_location("multihop", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    c = module.get_config("smollm2,smoke" if sizes is SMOKE else "smollm2")
+    try:
+        assets.smollm2_gguf_path()
+        variant = "smollm2"
+    except FileNotFoundError as e:  # e.g. a machine the 94 MiB wheel cannot be carried to
+        print(f"  {e}: running :tiny (the scratch model) instead", flush=True)
+        variant = "tiny"
+    c = module.get_config(f"{variant},smoke" if sizes is SMOKE else variant)
     if sizes is FULL:  # a few minutes on one H200: a short cold start, then as many RL steps as fit
         c.sft.steps, c.run.steps, c.run.eval_every, c.data.eval_prompts = 150, 8, 8, 128
         c.run.checkpoint_every = 8
@@ -487,6 +491,7 @@ def part_smollm2(sizes: Sizes, args) -> dict:
     final = train_and_evaluate(from_config_dict(c), workdir)
     evals = [r for r in read_metrics(Path(workdir) / "metrics.jsonl") if "eval/em" in r]
     return {
+        "config": variant,
         "wall_s": time.perf_counter() - t0,
         "sft_steps": c.sft.steps,
         "rl_steps": c.run.steps,
