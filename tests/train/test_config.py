@@ -14,7 +14,10 @@ multihop = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(multihop)
 
 
-@pytest.mark.parametrize("arg", ["tiny", "tiny,chain", "tiny,tree_m=4,tree_n=5", "tiny,estimator=intra"])
+@pytest.mark.parametrize(
+    "arg",
+    ["tiny", "tiny,chain", "tiny,tree_m=4,tree_n=5", "tiny,estimator=intra", "smollm2", "smollm2,smoke"],
+)
 def test_variants_parse(arg):
     cfg = from_config_dict(multihop.get_config(arg))
     assert isinstance(cfg, TrainConfig)
@@ -89,3 +92,23 @@ def test_rl_layout_key():
     c.rl.layout = "tree"
     with pytest.raises(ValueError, match=r"config.rl.layout='tree'; allowed: \['paths', 'packed'\]"):
         from_config_dict(c)
+
+
+def test_smollm2_variants_use_the_offline_model_and_the_smoke_is_small():
+    cfg = from_config_dict(multihop.get_config("smollm2,smoke"))
+    assert (cfg.model.source, cfg.model.path, cfg.model.dtype) == ("pretrained", "smollm2", "auto")
+    assert (cfg.sft.steps, cfg.run.steps, cfg.run.prompts_per_step, cfg.data.eval_prompts) == (1, 1, 2, 4)
+    full = from_config_dict(multihop.get_config("smollm2"))
+    assert full.sft.steps > 100 and full.run.steps >= 30 and full.run.context_len == 2048
+
+
+def test_compute_dtype_auto_is_f32_on_cpu_and_bf16_on_cpu_says_what_it_costs(monkeypatch, caplog):
+    from treegrpo_jax.train import setup
+
+    assert setup.compute_dtype_for_backend("auto") == "float32"  # the suite runs on CPU
+    assert setup.compute_dtype_for_backend("float32") == "float32" and not caplog.records
+    for flags, says in ((["avx512_bf16"], "run natively"), ([], "without bf16 dot instructions")):
+        monkeypatch.setattr(setup, "cpu_bf16_flags", lambda flags=flags: flags)
+        caplog.clear()
+        assert setup.compute_dtype_for_backend("bfloat16") == "bfloat16"  # honoured
+        assert says in caplog.text and "model.dtype=auto" in caplog.text

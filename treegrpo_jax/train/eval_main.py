@@ -15,6 +15,7 @@ from treegrpo_jax.train.checkpoint import Checkpointer
 from treegrpo_jax.train.config import TrainConfig
 from treegrpo_jax.train.evaluate import evaluate, format_table
 from treegrpo_jax.train.export import load_model_config, load_tokenizer
+from treegrpo_jax.train.progress import LeafBar
 
 
 def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = None) -> dict[str, float]:
@@ -51,7 +52,8 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = No
         kernels=cfg.model.kernels,
         kv_cache=cfg.kv_cache,
     )
-    metrics, _ = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed)
+    with LeafBar(len(rows), f"eval (checkpoint {step})", unit="q") as bar:
+        metrics, _ = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed, progress=bar)
     print(f"checkpoint step {step}, {len(rows)} questions\n{format_table(metrics)}")
     with open(os.path.join(workdir, f"eval_step{step}.json"), "w") as f:
         json.dump(metrics, f, indent=2)
