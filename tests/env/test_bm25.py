@@ -145,3 +145,17 @@ def test_only_matching_passages_for_every_method(method):
     (result,) = r.search(["capital"], k=8)
     assert {p.id for p in result.passages} == {"d0", "d1", "d7"}
     assert r.search(["Berlin Germany"], k=8)[0].passages[0].id == "d1"
+
+
+def test_fill_to_k_pads_with_unmatched_passages_in_corpus_order():
+    texts = [c for _, c in CORPUS]
+    plain = BM25Retriever.from_texts(texts)
+    filled = BM25Retriever.from_texts(texts, cfg=BM25Config(fill_to_k=True))
+    for query in ("Himalayas", "the of and", "Paris capital France", "zzzz"):
+        (a,), (b,) = plain.search([query], 4), filled.search([query], 4)
+        assert len(b.passages) == 4
+        assert [p.id for p in b.passages[: len(a.passages)]] == [p.id for p in a.passages]  # matched first
+        rest = [int(p.id) for p in b.passages[len(a.passages) :]]
+        assert rest == sorted(rest) and all(p.score == 0.0 for p in b.passages[len(a.passages) :])
+    (everything,) = filled.search(["Himalayas"], 100)
+    assert len(everything.passages) == len(texts)  # at most the corpus

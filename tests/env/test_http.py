@@ -21,7 +21,7 @@ import urllib.parse
 import pytest
 
 from tests.env.conftest import CORPUS
-from treegrpo_jax.env.bm25 import BM25Retriever
+from treegrpo_jax.env.bm25 import BM25Config, BM25Retriever
 from treegrpo_jax.env.http_client import HttpRetriever, HttpRetrieverConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,7 +76,9 @@ def server_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local():
-    return BM25Retriever.from_texts([c for _, c in CORPUS], ids=[i for i, _ in CORPUS])
+    # The server fills every result to topk, as Search-R1's do (`BM25Config.fill_to_k`).
+    cfg = BM25Config(fill_to_k=True)
+    return BM25Retriever.from_texts([c for _, c in CORPUS], ids=[i for i, _ in CORPUS], cfg=cfg)
 
 
 def _raw_post(url: str, body: bytes, headers=None, path=None):
@@ -101,6 +103,16 @@ def test_results_match_in_process_bm25(server_url, local):
             assert (gp.title, gp.text) == (wp.title, wp.text)
             assert gp.score == pytest.approx(wp.score, rel=1e-5)
     assert client.stats.as_dict()["failed_queries"] == 0
+
+
+def test_server_always_returns_topk_like_search_r1(server_url):
+    """A query of stop words only, and one that matches a single passage, still get topk passages:
+    the matched one first, then unmatched ones in corpus order."""
+    client = HttpRetriever(HttpRetrieverConfig(url=server_url, timeout_s=10))
+    stop_words, one_match = client.search(["the of and", "Himalayas"], k=3)
+    assert len(stop_words.passages) == 3 and len(one_match.passages) == 3
+    assert one_match.passages[0].title == "Mount Everest" and one_match.passages[0].score > 0
+    assert [p.score for p in one_match.passages[1:]] == [0.0, 0.0]
 
 
 def test_search_r1_wire_format(server_url):

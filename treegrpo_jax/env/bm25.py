@@ -48,6 +48,10 @@ class BM25Config:
       cache_dir: where indexes are cached; None means ``$XDG_CACHE_HOME`` or ``~/.cache``
         ``/treegrpo_jax/bm25``.
       use_cache: False builds in memory every time and writes nothing.
+      fill_to_k: return k passages for every query (at most the corpus size), as Search-R1's
+        servers do: the matched passages by score, then the unmatched ones in corpus order (their
+        BM25 score is the floor). False: only passages sharing a term with the query (a query of
+        stop words alone gets none). A query-time choice: not part of the cached index.
     """
 
     k1: float = 1.5
@@ -57,6 +61,7 @@ class BM25Config:
     max_query_chars: int = 1024
     cache_dir: str | None = None
     use_cache: bool = True
+    fill_to_k: bool = False
 
     def __post_init__(self):
         if not self.k1 > 0:
@@ -197,7 +202,8 @@ class BM25Retriever:
         return cls(model=model, docs=docs, cfg=cfg)
 
     def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
-        """Top-``k`` passages per query, best first; passages sharing no term with the query are left out.
+        """Top-``k`` passages per query, best first; passages sharing no term with the query are left
+        out unless ``cfg.fill_to_k`` (then every query gets ``min(k, corpus size)``).
 
         Args:
           queries: the batch of queries (each cut to ``cfg.max_query_chars``).
@@ -219,24 +225,31 @@ class BM25Retriever:
 
     def _search_one(self, tokens: list[str], k: int) -> SearchResult:
         ids = [self._vocab[t] for t in tokens if t in self._vocab]
-        if not ids:
-            return SearchResult(passages=())
-        scores = np.asarray(self._model.get_scores_from_ids(ids), dtype=np.float32)
+        n = len(self._docs.ids)
+        scores = (
+            np.asarray(self._model.get_scores_from_ids(ids), dtype=np.float32)
+            if ids
+            else np.zeros(n, np.float32)
+        )
         # Rank only passages holding a query term: BM25L/BM25+ give every passage a positive floor and
         # Robertson IDF can be negative, so "score > 0" would not mean "matched". The score matrix is
         # token-major CSC: indices[indptr[t]:indptr[t + 1]] are the passages containing token t.
         indptr, indices = self._model.scores["indptr"], self._model.scores["indices"]
-        mask = np.zeros(scores.shape[0], dtype=bool)
+        mask = np.zeros(n, dtype=bool)
         for t in ids:
             mask[indices[indptr[t] : indptr[t + 1]]] = True
         matched = np.flatnonzero(mask)
-        if matched.size == 0:
+        top = np.zeros(0, np.int64)
+        if matched.size:
+            m = min(k, matched.size)
+            cand = scores[matched]
+            top = np.argpartition(-cand, m - 1)[:m]
+            # Sort by score, then by passage index so ties are deterministic.
+            top = matched[top[np.lexsort((matched[top], -cand[top]))]]
+        if self._cfg.fill_to_k and top.size < min(k, n):  # pad with unmatched passages, corpus order
+            top = np.concatenate([top, np.flatnonzero(~mask)[: min(k, n) - top.size]])
+        if top.size == 0:
             return SearchResult(passages=())
-        k = min(k, matched.size)
-        cand = scores[matched]
-        top = np.argpartition(-cand, k - 1)[:k]
-        # Sort by score, then by passage index so ties are deterministic.
-        top = matched[top[np.lexsort((matched[top], -cand[top]))]]
         passages = tuple(
             Passage(
                 id=self._docs.ids[i],

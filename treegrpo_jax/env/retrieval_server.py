@@ -193,11 +193,12 @@ def serve_corpus(
     Args:
       corpus: corpus JSONL, ``{"id", "contents"}`` per line.
       server_cfg: bind address and limits.
-      bm25_cfg: BM25 parameters and cache location.
+      bm25_cfg: BM25 parameters and cache location; default `BM25Config(fill_to_k=True)`: every
+        query gets ``topk`` passages, as from Search-R1's servers.
       announce: called once with the endpoint URL when the server is listening (default: print it
         to stdout, flushed, so a parent process can wait for the line).
     """
-    retriever = BM25Retriever.from_corpus(corpus, cfg=bm25_cfg)
+    retriever = BM25Retriever.from_corpus(corpus, cfg=bm25_cfg or BM25Config(fill_to_k=True))
     server = make_server(retriever, server_cfg)
     host, port = server.server_address[:2]
     url = f"http://{host}:{port}{server_cfg.path}"
