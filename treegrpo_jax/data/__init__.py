@@ -1,54 +1,36 @@
 """QA data: rows, readers (Search-R1 parquet, JSONL), a TFDS array_record builder, the batch loader
 and the synthetic world (the embedded default task).
 
-Two groups of names load on first use rather than at import:
-- the TFDS names (`QADataset`, `QADatasetConfig`, `QARowSource`, `prepare_qa_dataset`): importing
-  tensorflow_datasets costs most of a second and only the array_record path needs it;
-- the synthetic world's names: `python -m treegrpo_jax.data.synthetic_world` runs that module as
-  `__main__`, and an eager import here would load it a second time (runpy warns about exactly that).
+Every name loads on first use (`treegrpo_jax._exports`): importing tensorflow_datasets costs most
+of a second and only the array_record path needs it, and `python -m
+treegrpo_jax.data.synthetic_world` runs that module as `__main__`, which an eager import here would
+load a second time (runpy warns about exactly that).
 """
 
-import importlib
-from typing import Any
+from treegrpo_jax._exports import lazy_exports
 
-from treegrpo_jax.data.loader import LoaderConfig, RowLoader
-from treegrpo_jax.data.readers import ReadResult, read_jsonl, read_parquet, read_rows
-from treegrpo_jax.data.rows import BadRow, BadRowError, QARow, parse_row
-from treegrpo_jax.data.synthetic_entities import Entity, Kind
-
-_LAZY = {
-    "QADataset": "tfds_builder",
-    "QADatasetConfig": "tfds_builder",
-    "QARowSource": "tfds_builder",
-    "prepare_qa_dataset": "tfds_builder",
+_EXPORTS = {
+    "LoaderConfig": "loader",
+    "RowLoader": "loader",
+    "ReadResult": "readers",
+    "read_jsonl": "readers",
+    "read_parquet": "readers",
+    "read_rows": "readers",
+    "BadRow": "rows",
+    "BadRowError": "rows",
+    "QARow": "rows",
+    "parse_row": "rows",
+    "Entity": "synthetic_entities",
+    "Kind": "synthetic_entities",
     "World": "synthetic_world",
     "WorldConfig": "synthetic_world",
     "build_world": "synthetic_world",
     "write_world": "synthetic_world",
+    "QADataset": "tfds_builder",
+    "QADatasetConfig": "tfds_builder",
+    "QARowSource": "tfds_builder",
+    "prepare_qa_dataset": "tfds_builder",
 }
 
-__all__ = [
-    "BadRow",
-    "BadRowError",
-    "Entity",
-    "Kind",
-    "LoaderConfig",
-    "QARow",
-    "ReadResult",
-    "RowLoader",
-    "parse_row",
-    "read_jsonl",
-    "read_parquet",
-    "read_rows",
-    *_LAZY,
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

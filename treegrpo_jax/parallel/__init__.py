@@ -1,15 +1,17 @@
 """Mesh, logical-axis rules and shardings."""
 
-from treegrpo_jax.parallel.mesh import AXES, MeshConfig, make_mesh
-from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules, constrain, logical_to_spec, named_sharding
+from treegrpo_jax._exports import lazy_exports
 
-__all__ = [
-    "AXES",
-    "DEFAULT_RULES",
-    "MeshConfig",
-    "Rules",
-    "constrain",
-    "logical_to_spec",
-    "make_mesh",
-    "named_sharding",
-]
+_EXPORTS = {
+    "AXES": "mesh",
+    "MeshConfig": "mesh",
+    "make_mesh": "mesh",
+    "DEFAULT_RULES": "rules",
+    "Rules": "rules",
+    "constrain": "rules",
+    "logical_to_spec": "rules",
+    "named_sharding": "rules",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,69 +14,49 @@ root-to-leaf path, `build_batch(rows_from_trees(trees), layout)`): same loss, sa
 Cold-start SFT is the same step with `sft_loss_config()`.
 """
 
-from treegrpo_jax.rl import advantages
-from treegrpo_jax.rl.advantages import Estimator, with_advantages
-from treegrpo_jax.rl.batch import (
-    BatchLayout,
-    LayoutKind,
-    PathBatch,
-    PathRow,
-    batch_shardings,
-    bucket_length,
-    bucket_rows,
-    build_batch,
-    rows_from_trees,
-    shard_batch,
-    split_minibatches,
-)
-from treegrpo_jax.rl.layouts import batch_from_trees, step_batch_shardings
-from treegrpo_jax.rl.logprobs import token_logprobs, tree_mask, tree_token_logprobs
-from treegrpo_jax.rl.loss import Aggregation, LossAux, LossConfig, LossMode, policy_loss
-from treegrpo_jax.rl.optim import DecaySchedule, OptimConfig, learning_rate, make_optimizer
-from treegrpo_jax.rl.packed import PackedBatch, build_packed_batch
-from treegrpo_jax.rl.sft import demonstration_row, sft_loss_config
-from treegrpo_jax.rl.token_weights import TokenWeights, row_weights, tree_weights
-from treegrpo_jax.rl.train_state import TrainState, create_train_state
-from treegrpo_jax.rl.train_step import jit_train_step, train_step
+from treegrpo_jax._exports import lazy_exports
 
-__all__ = [
-    "Aggregation",
-    "BatchLayout",
-    "DecaySchedule",
-    "Estimator",
-    "LossAux",
-    "LossConfig",
-    "LayoutKind",
-    "LossMode",
-    "OptimConfig",
-    "PackedBatch",
-    "PathBatch",
-    "PathRow",
-    "TokenWeights",
-    "TrainState",
-    "advantages",
-    "batch_from_trees",
-    "batch_shardings",
-    "bucket_length",
-    "bucket_rows",
-    "build_batch",
-    "build_packed_batch",
-    "create_train_state",
-    "demonstration_row",
-    "jit_train_step",
-    "learning_rate",
-    "make_optimizer",
-    "policy_loss",
-    "row_weights",
-    "rows_from_trees",
-    "shard_batch",
-    "sft_loss_config",
-    "split_minibatches",
-    "step_batch_shardings",
-    "token_logprobs",
-    "train_step",
-    "tree_mask",
-    "tree_token_logprobs",
-    "tree_weights",
-    "with_advantages",
-]
+_EXPORTS = {
+    "Estimator": "advantages",
+    "advantages": "advantages",
+    "with_advantages": "advantages",
+    "BatchLayout": "batch",
+    "LayoutKind": "batch",
+    "PathBatch": "batch",
+    "PathRow": "batch",
+    "batch_shardings": "batch",
+    "bucket_length": "batch",
+    "bucket_rows": "batch",
+    "build_batch": "batch",
+    "rows_from_trees": "batch",
+    "shard_batch": "batch",
+    "split_minibatches": "batch",
+    "batch_from_trees": "layouts",
+    "step_batch_shardings": "layouts",
+    "token_logprobs": "logprobs",
+    "tree_mask": "logprobs",
+    "tree_token_logprobs": "logprobs",
+    "Aggregation": "loss",
+    "LossAux": "loss",
+    "LossConfig": "loss",
+    "LossMode": "loss",
+    "policy_loss": "loss",
+    "DecaySchedule": "optim",
+    "OptimConfig": "optim",
+    "learning_rate": "optim",
+    "make_optimizer": "optim",
+    "PackedBatch": "packed",
+    "build_packed_batch": "packed",
+    "demonstration_row": "sft",
+    "sft_loss_config": "sft",
+    "TokenWeights": "token_weights",
+    "row_weights": "token_weights",
+    "tree_weights": "token_weights",
+    "TrainState": "train_state",
+    "create_train_state": "train_state",
+    "jit_train_step": "train_step",
+    "train_step": "train_step",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -25,23 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from treegrpo_jax.rl.advantages import Estimator, parse_estimator
-
-if TYPE_CHECKING:  # token_weights imports Aggregation from here
-    from treegrpo_jax.rl.token_weights import TokenWeights
+from treegrpo_jax.rl.token_weights import Aggregation, TokenWeights
 
 _MAX_LOG_RATIO = 20.0  # exp() guard on log-ratios, as in verl; inactive for sane policies
-
-
-class Aggregation(enum.StrEnum):
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
 
 
 class LossMode(enum.StrEnum):

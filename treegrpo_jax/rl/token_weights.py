@@ -30,12 +30,19 @@ sums from its (leaf, node) ancestor pairs with one segment sum (`tree_weights`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from treegrpo_jax.rl.loss import Aggregation
+
+class Aggregation(enum.StrEnum):
+    """How token losses become the step loss (`rl.loss`): over all model tokens of a mini-batch, or
+    per path first (the paper's equation)."""
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
 
 
 @jax.tree_util.register_dataclass

@@ -1,48 +1,37 @@
 """Rollouts: sampling, the engine (slot or paged KV cache), stop strings, the agent step, tree search and its
 drivers (continuous-batching scheduler; lock-step reference), pictures."""
 
-from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv, PhaseTimes, Trajectory, forced_next
-from treegrpo_jax.rollout.engine import DecodeResult, Engine, EngineStats
-from treegrpo_jax.rollout.generate import generate_ids, generate_text
-from treegrpo_jax.rollout.page_pool import OutOfPagesError, OutOfSlotsError
-from treegrpo_jax.rollout.sampling import SamplingParams, sample
-from treegrpo_jax.rollout.stops import StopTable, make_stop_table, token_bytes
-from treegrpo_jax.rollout.tree import LEAF_KINDS, Node, StepKind, Tree
-from treegrpo_jax.rollout.tree_search import (
-    RolloutCancelled,
-    RolloutStats,
-    SchedulerConfig,
-    TreeSearchConfig,
-    prompt_tokens,
-    rollout,
-)
+from treegrpo_jax._exports import lazy_exports
 
-__all__ = [
-    "LEAF_KINDS",
-    "AgentConfig",
-    "AgentEnv",
-    "DecodeResult",
-    "Engine",
-    "EngineStats",
-    "Node",
-    "OutOfPagesError",
-    "OutOfSlotsError",
-    "PhaseTimes",
-    "RolloutCancelled",
-    "RolloutStats",
-    "SamplingParams",
-    "SchedulerConfig",
-    "StepKind",
-    "StopTable",
-    "Trajectory",
-    "Tree",
-    "TreeSearchConfig",
-    "forced_next",
-    "generate_ids",
-    "generate_text",
-    "make_stop_table",
-    "prompt_tokens",
-    "rollout",
-    "sample",
-    "token_bytes",
-]
+_EXPORTS = {
+    "AgentConfig": "agent",
+    "AgentEnv": "agent",
+    "PhaseTimes": "agent",
+    "Trajectory": "agent",
+    "forced_next": "agent",
+    "DecodeResult": "engine",
+    "Engine": "engine",
+    "EngineStats": "engine",
+    "generate_ids": "generate",
+    "generate_text": "generate",
+    "OutOfPagesError": "page_pool",
+    "OutOfSlotsError": "page_pool",
+    "SamplingParams": "sampling",
+    "sample": "sampling",
+    "StopTable": "stops",
+    "make_stop_table": "stops",
+    "token_bytes": "stops",
+    "LEAF_KINDS": "tree",
+    "Node": "tree",
+    "StepKind": "tree",
+    "Tree": "tree",
+    "RolloutCancelled": "tree_search",
+    "RolloutStats": "tree_search",
+    "SchedulerConfig": "tree_search",
+    "TreeSearchConfig": "tree_search",
+    "prompt_tokens": "tree_search",
+    "rollout": "tree_search",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
