@@ -6,7 +6,6 @@ from treegrpo_jax.env.observation import (
     CLOSE_TAG,
     OPEN_TAG,
     ObservationConfig,
-    TokenizerLike,
     format_observation,
     format_passages,
 )
@@ -17,8 +16,12 @@ def _p(i, text, title=None):
     return Passage(id=str(i), title=title or f"Title {i}", text=text, score=1.0)
 
 
-def test_adapter_is_tokenizer_like(bpe_tokenizer):
-    assert isinstance(bpe_tokenizer, TokenizerLike)
+def test_adapter_round_trips_and_adds_no_special_tokens(bpe_tokenizer):
+    """The `TokenizerLike` contract the budgets rely on: decode(encode(x)) == x, and no BOS/EOS."""
+    text = "Doc 1 (Title: Paris) Paris is the capital of France. 你好 🤖"
+    ids = bpe_tokenizer.encode(text)
+    assert bpe_tokenizer.decode(ids) == text
+    assert bpe_tokenizer.encode("") == [] and len(bpe_tokenizer.encode("a")) == 1  # nothing added
 
 
 def test_layout(bpe_tokenizer):

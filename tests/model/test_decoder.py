@@ -132,8 +132,10 @@ def test_bad_config_names_the_field(kwargs, message):
 
 
 def test_unknown_architecture_is_one_line_error():
-    with pytest.raises(ValueError, match="unsupported architecture.*MistralForCausalLM"):
+    with pytest.raises(ValueError, match="unsupported architecture.*MistralForCausalLM") as e:
         ModelConfig.from_hf_dict({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})
+    message = str(e.value)
+    assert "\n" not in message and "LlamaForCausalLM" in message  # one line, naming what is supported
 
 
 def test_llama3_rope_scaling_changes_only_low_frequencies():

@@ -77,18 +77,51 @@ def test_greedy_rows_take_the_first_maximum():
     np.testing.assert_allclose(np.asarray(logp), np.asarray(want), atol=1e-6)
 
 
+def _golden(row, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """The filtered distribution, written out in plain Python (independent of `_filtered_logits`):
+    keep the k best, then the smallest most-probable prefix whose mass reaches top_p."""
+    scaled = [x / temperature for x in row]
+    order = sorted(range(len(row)), key=lambda i: -scaled[i])
+    z = sum(np.exp(x) for x in scaled)
+    keep, mass = [], 0.0
+    for rank, i in enumerate(order):
+        if (top_k and rank >= top_k) or mass >= top_p:
+            break
+        keep.append(i)
+        mass += np.exp(scaled[i]) / z
+    w = np.zeros(len(row))
+    for i in keep:
+        w[i] = np.exp(scaled[i])
+    return w / w.sum()
+
+
+def test_the_golden_filter_by_hand():
+    """softmax([2, 1, .5, 0, -1, -3]) = .561 .206 .125 .076 .028 .004: top-p 0.8 keeps 3 tokens
+    (mass before the 4th is .892); at temperature 0.5 the best alone holds .829 ≥ 0.8."""
+    row = [2.0, 1.0, 0.5, 0.0, -1.0, -3.0]
+    assert np.flatnonzero(_golden(row, 1.0, 0, 0.8)).tolist() == [0, 1, 2]
+    assert np.flatnonzero(_golden(row, 0.5, 0, 0.8)).tolist() == [0]
+    assert np.flatnonzero(_golden(row, 1.0, 3, 1.0)).tolist() == [0, 1, 2]
+    np.testing.assert_allclose(
+        _golden(row, 1.0, 0, 0.8)[:3], np.array([0.561, 0.206, 0.125]) / 0.892, atol=2e-3
+    )
+
+
 @pytest.mark.parametrize("kernels", [Kernels.XLA, Kernels.NATIVE])
 def test_sampling_matches_the_categorical_distribution(kernels):
-    """Inverse-CDF sampling with top-k / top-p filters: frequencies follow the filtered softmax
-    (vmapped over keys: the kernel takes the extra batch dimension as more rows)."""
-    logits = jnp.asarray([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]] * 3)
-    params = SamplingParams.make(3, temperature=[1.0, 0.5, 1.0], top_k=[0, 0, 3], top_p=[1.0, 0.8, 1.0])
+    """Inverse-CDF sampling with top-k / top-p filters: frequencies follow the golden filtered
+    softmax (vmapped over keys: the kernel takes the extra batch dimension as more rows)."""
+    row = [2.0, 1.0, 0.5, 0.0, -1.0, -3.0]
+    knobs = [(1.0, 0, 1.0), (0.5, 0, 0.8), (1.0, 3, 1.0), (1.0, 0, 0.8), (0.7, 4, 0.9)]
+    logits = jnp.asarray([row] * len(knobs))
+    t, k, p = (list(x) for x in zip(*knobs, strict=True))
+    params = SamplingParams.make(len(knobs), temperature=t, top_k=k, top_p=p)
     n = 20000
-    keys = jax.random.split(jax.random.key(0), n * 3).reshape(n, 3)
+    keys = jax.random.split(jax.random.key(0), n * len(knobs)).reshape(n, len(knobs))
     draw = jax.jit(jax.vmap(lambda k, x, p: sample(x, k, p, kernels=kernels), in_axes=(0, None, None)))
     tokens, _ = draw(keys, logits, params)
-    want = jax.nn.softmax(_filtered_logits(logits / params.temperature[:, None], params), axis=-1)
-    for row in range(3):
-        freq = np.bincount(np.asarray(tokens[:, row]), minlength=6) / n
-        np.testing.assert_allclose(freq, np.asarray(want[row]), atol=0.015)
-    assert np.all(np.asarray(tokens[:, 2]) < 3)  # top-k = 3 never leaves the 3 best
+    for r, (temperature, top_k, top_p) in enumerate(knobs):
+        freq = np.bincount(np.asarray(tokens[:, r]), minlength=6) / n
+        want = _golden(row, temperature, top_k, top_p)
+        np.testing.assert_allclose(freq, want, atol=0.015)
+        assert np.all(freq[want == 0] == 0)  # never outside the filtered support

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from treegrpo_jax.train.config import TrainConfig, from_config_dict
+from treegrpo_jax.train.config import from_config_dict
 
 _SPEC = importlib.util.spec_from_file_location(
     "multihop", pathlib.Path(__file__).parents[2] / "configs/multihop.py"
@@ -20,8 +20,12 @@ _SPEC.loader.exec_module(multihop)
 )
 def test_variants_parse(arg):
     cfg = from_config_dict(multihop.get_config(arg))
-    assert isinstance(cfg, TrainConfig)
+    shape = (cfg.tree.num_trees, cfg.tree.num_picks, cfg.tree.num_rounds)
+    want = {"tiny,chain": (4, 0, 0), "tiny,tree_m=4,tree_n=5": (4, 5, 1), "smollm2,smoke": (2, 1, 1)}
+    assert shape == want.get(arg, (2, 2, 1))
+    assert cfg.loss.estimator.value == ("intra" if "estimator=intra" in arg else "tree")
     assert cfg.sft.script.top_k == cfg.agent.top_k  # demonstrations look like rollouts
+    assert cfg == from_config_dict(multihop.get_config(arg))  # deterministic, frozen, comparable
 
 
 def test_chain_variant_is_grpo_baseline():
