@@ -73,6 +73,9 @@ def _paper() -> ConfigDict:
             top_k_sampling=0,  # 0 disables top-k
         )
     )
+    # The training reward (env/reward_fn.py): em_format (the paper's table), f1, or
+    # callable with fn="package.module:function" taking (step texts, golds) -> float.
+    c.reward = ConfigDict(dict(kind="em_format", fn=""))
     c.observation = ConfigDict(dict(passage_tokens=160, max_tokens=500))  # per passage / whole observation
     c.tree = ConfigDict(dict(num_trees=2, num_picks=2, num_rounds=1))  # M, N, L
     # How rollouts drive the engine (BENCHMARKS.md §5 measured these on the :tiny workload).

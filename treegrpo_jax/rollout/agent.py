@@ -31,7 +31,8 @@ from treegrpo_jax.env.actions import Action, Answer, Invalid, InvalidReason, Sea
 from treegrpo_jax.env.observation import ObservationConfig, format_observation
 from treegrpo_jax.env.prompt import PromptConfig
 from treegrpo_jax.env.retrieval import Retriever, SearchResult
-from treegrpo_jax.env.rewards import evaluation_reward, score_trajectory
+from treegrpo_jax.env.reward_fn import EMFormatReward, Reward
+from treegrpo_jax.env.rewards import evaluation_reward
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
 
 
@@ -102,12 +103,14 @@ class PhaseTimes:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AgentEnv:
-    """Everything a step needs besides the engine: tokenizer, retriever and texts."""
+    """Everything a step needs besides the engine: tokenizer, retriever, texts and the reward."""
 
     tokenizer: object  # treegrpo_jax.model.tokenizer.Tokenizer (encode/decode)
     retriever: Retriever
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
     observation: ObservationConfig = dataclasses.field(default_factory=ObservationConfig)
+    # Scores every leaf (`env.reward_fn`: the paper's EM-with-format by default, F1, or a callable).
+    reward: Reward = dataclasses.field(default_factory=EMFormatReward)
 
     def encode_obs(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -167,11 +170,11 @@ def _classify(counters: LoopCounters, action: Action, text: str, *, capped: bool
         counters.invalid_reasons[action.reason.value] += 1
 
 
-def finish_leaf(tree: Tree, node: Node, golds: Sequence[str]) -> None:
-    """Marks `node` a leaf and scores its path."""
+def finish_leaf(tree: Tree, node: Node, golds: Sequence[str], reward: Reward) -> None:
+    """Marks `node` a leaf and scores its path: `reward` for training, EM for evaluation."""
     node.is_leaf = True
     texts = [n.text for n in tree.path(node.node_id)]
-    node.reward = score_trajectory(texts, golds).reward
+    node.reward = reward(texts, golds)
     node.em = evaluation_reward(texts, golds)
 
 
@@ -238,7 +241,7 @@ def end_step(
     else:
         counters.invalid_steps += 1
         return node, StepEnd.FEEDBACK
-    finish_leaf(tree, node, traj.golds)
+    finish_leaf(tree, node, traj.golds, env.reward)
     return node, StepEnd.LEAF
 
 
@@ -257,7 +260,13 @@ def observation_text(
 
 
 def place_observation(
-    traj: Trajectory, node: Node, obs_tokens: list[int], room: int, cfg: AgentConfig, counters: LoopCounters
+    traj: Trajectory,
+    node: Node,
+    obs_tokens: list[int],
+    room: int,
+    env: AgentEnv,
+    cfg: AgentConfig,
+    counters: LoopCounters,
 ) -> bool:
     """Records the observation on `node` if it fits the slot (`room`); else `node` is a leaf.
 
@@ -265,7 +274,7 @@ def place_observation(
     """
     if len(obs_tokens) + cfg.min_step_room > room:
         counters.truncated_leaves += 1
-        finish_leaf(traj.tree, node, traj.golds)  # the observation does not fit
+        finish_leaf(traj.tree, node, traj.golds, env.reward)  # the observation does not fit
         return False
     node.obs_tokens = obs_tokens
     return True

@@ -95,7 +95,7 @@ def advance(
         active = []
         for (traj, node), result in [*zip(searches, results, strict=True), *((f, None) for f in feedback)]:
             obs = env.encode_obs(observation_text(env, cfg, node, result, counters))
-            if place_observation(traj, node, obs, engine.room(traj.slot), cfg, counters):
+            if place_observation(traj, node, obs, engine.room(traj.slot), env, cfg, counters):
                 writes[traj.slot] = obs
                 active.append(traj)
         # Keep the walks in their original order (searches and feedback were split above).

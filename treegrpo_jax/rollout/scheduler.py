@@ -429,7 +429,7 @@ class Scheduler:
             else:
                 node.obs_tokens = []
                 w.tree.prompt.counters.truncated_leaves += 1
-                finish_leaf(w.traj.tree, node, w.traj.golds)
+                finish_leaf(w.traj.tree, node, w.traj.golds, self.ctx.env.reward)
             self.page_truncated += 1
             self._walk_done(w, forks)
         self.decoding, self.ready = [], []
@@ -497,7 +497,7 @@ class Scheduler:
         ctx = self.ctx
         counters = w.tree.prompt.counters
         obs = ctx.env.encode_obs(observation_text(ctx.env, ctx.agent, node, result, counters))
-        if place_observation(w.traj, node, obs, ctx.engine.room(w.traj.slot), ctx.agent, counters):
+        if place_observation(w.traj, node, obs, ctx.engine.room(w.traj.slot), ctx.env, ctx.agent, counters):
             w.state, w.obs, w.node = WalkState.READY, obs, None
             self.ready.append(w)
         else:

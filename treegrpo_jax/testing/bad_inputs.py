@@ -62,6 +62,15 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="kv_cache.layout", value="pages", hint=r"allowed: \['slots', 'paged'\]"),
     BadConfig(key="kv_cache.page_size", value=24, hint="power of two"),
     BadConfig(key="kv_cache.pages", value=-4, hint="≥ 0"),
+    # training reward
+    BadConfig(key="reward.kind", value="bleu", hint=r"allowed: \['em_format', 'f1', 'callable'\]"),
+    BadConfig(key="reward.fn", value="my_rewards.py", hint="only used with kind=callable"),
+    BadConfig(
+        key="reward.fn",
+        value="no_such_module_xyz:score",
+        hint="cannot be loaded",
+        extra=(("reward.kind", "callable"),),
+    ),
     # batch divisibility, buckets, loss
     BadConfig(key="run.prompts_per_step", value=7, hint="divisible by"),
     BadConfig(key="rl.num_minibatches", value=3, hint="divisible by"),

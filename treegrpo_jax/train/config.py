@@ -19,6 +19,7 @@ from ml_collections import ConfigDict
 from treegrpo_jax.data.synthetic_world import WorldConfig
 from treegrpo_jax.env.observation import ObservationConfig
 from treegrpo_jax.env.prompt import load_template
+from treegrpo_jax.env.reward_fn import RewardConfig
 from treegrpo_jax.env.scripted_agent import ScriptConfig
 from treegrpo_jax.model.bpe_train import AGENT_TAGS, SPECIAL_TOKENS
 from treegrpo_jax.model.config import ModelConfig
@@ -236,6 +237,7 @@ class TrainConfig:
     mesh: MeshConfig
     rollout: SchedulerConfig = SchedulerConfig()
     kv_cache: KVCacheConfig = KVCacheConfig()
+    reward: RewardConfig = RewardConfig()
     template: str = "search_agent"
 
     def __post_init__(self):
@@ -377,6 +379,7 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
         "mesh",
         "rollout",
         "kv_cache",
+        "reward",
         "template",
     }
     unknown = sorted(set(c) - known)
@@ -430,5 +433,6 @@ def from_config_dict(config: ConfigDict) -> TrainConfig:
         mesh=_make(MeshConfig, {"shape": tuple(c["mesh"]["shape"])}, "mesh"),
         rollout=_make(SchedulerConfig, c.get("rollout", {}), "rollout"),
         kv_cache=_make(KVCacheConfig, c.get("kv_cache", {}), "kv_cache"),
+        reward=_make(RewardConfig, c.get("reward", {}), "reward"),
         template=c.get("template", "search_agent"),
     )

@@ -22,6 +22,7 @@ from treegrpo_jax.env.bm25 import BM25Retriever
 from treegrpo_jax.env.http_client import HttpRetriever, HttpRetrieverConfig
 from treegrpo_jax.env.prompt import PromptConfig
 from treegrpo_jax.env.retrieval import Retriever
+from treegrpo_jax.env.reward_fn import make_reward
 from treegrpo_jax.env.scripted_agent import CharTokenizer, ScriptConfig, make_demonstrations
 from treegrpo_jax.model.bpe_train import train_bpe_tokenizer
 from treegrpo_jax.model.build import init_model
@@ -218,6 +219,7 @@ def make_env(cfg: TrainConfig, tokenizer: Tokenizer, retriever: Retriever) -> Ag
         retriever=retriever,
         prompt=PromptConfig.from_template(cfg.template),
         observation=cfg.observation,
+        reward=make_reward(cfg.reward),
     )
 
 
