@@ -1,6 +1,5 @@
 """The training reward is a part of the environment: by name, or a user's callable, end to end."""
 
-
 import numpy as np
 import pytest
 

@@ -13,6 +13,7 @@ from treegrpo_jax.train import metrics as metrics_lib
 from treegrpo_jax.train.eval_main import evaluate_checkpoint
 from treegrpo_jax.train.loop import train_and_evaluate
 from treegrpo_jax.train.metrics import read_metrics
+from treegrpo_jax.train.report import referenced_files
 
 KEYS = [
     "step",
@@ -46,6 +47,16 @@ def test_run_writes_metrics_plots_checkpoints(uninterrupted):
     assert os.path.isdir(os.path.join(workdir, "tb"))
     with open(os.path.join(workdir, "final_eval.json")) as f:
         assert json.load(f)["eval/em"] == final["eval/em"]
+    # Training trees (branches, rewards, advantages) at the evaluation step, and the run's page.
+    assert os.path.isfile(os.path.join(workdir, "plots", "train_trees_step00003.png"))
+    with open(os.path.join(workdir, "index.html"), encoding="utf-8") as f:
+        page = f.read()
+    linked = referenced_files(page)
+    assert "plots/overview.png" in linked and "plots/train_trees_step00003.png" in linked
+    assert "plots/eval_trees_step00003.png" in linked and "metrics.jsonl" in linked
+    for rel in linked:  # every file the page shows or links exists, relative to the workdir
+        assert os.path.isfile(os.path.join(workdir, rel)), rel
+    assert f"{100 * final['eval/em']:.1f}%" in page
 
 
 def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tmp_path, monkeypatch):

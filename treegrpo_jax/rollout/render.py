@@ -1,5 +1,8 @@
 """A picture of a rollout tree: nodes labelled with their action, leaves coloured by reward.
 
+Training trees also carry each leaf's advantage (`advantages`, node id → A) and mark the nodes
+a branch was forked from (more than one child: the expansion picks) with a thick blue border.
+
 Layout is the classic tidy one: leaves take consecutive x slots in depth-first order and
 every inner node sits above the middle of its children; depth goes down the y axis.
 """
@@ -7,7 +10,7 @@ every inner node sits above the middle of its children; depth goes down the y ax
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -17,16 +20,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 from treegrpo_jax.rollout.tree import StepKind, Tree  # noqa: E402
 
 
-def _label(node) -> str:
+def _label(node, advantage: float | None = None) -> str:
     if node.kind == StepKind.ROOT:
         return "prompt"
     if node.kind == StepKind.SEARCH:
         return "search:\n" + textwrap.shorten(node.query or "", 28, placeholder="…")
+    scored = node.is_leaf and node.reward is not None
+    score = (f"\nr={node.reward:.1f}" if scored else "") + (
+        f" A={advantage:+.2f}" if advantage is not None else ""
+    )
     if node.kind == StepKind.ANSWER:
-        text = "answer:\n" + textwrap.shorten(node.answer or "", 24, placeholder="…")
-        return text + (f"\nr={node.reward:.1f}" if node.reward is not None else "")
-    label = node.kind.value
-    return label + (f"\nr={node.reward:.1f}" if node.is_leaf and node.reward is not None else "")
+        return "answer:\n" + textwrap.shorten(node.answer or "", 24, placeholder="…") + score
+    return node.kind.value + score
 
 
 def _positions(tree: Tree) -> dict[int, tuple[float, float]]:
@@ -53,8 +58,15 @@ def render_tree(tree: Tree, path: str, *, title: str | None = None) -> None:
     render_trees([tree], path, titles=[title] if title else None)
 
 
-def render_trees(trees: Sequence[Tree], path: str, *, titles: Sequence[str] | None = None) -> None:
-    """Writes the trees side by side into one PNG or SVG (e.g. the M trees of a prompt)."""
+def render_trees(
+    trees: Sequence[Tree],
+    path: str,
+    *,
+    titles: Sequence[str] | None = None,
+    advantages: Sequence[Mapping[int, float]] | None = None,
+) -> None:
+    """Writes the trees side by side into one PNG or SVG (e.g. the M trees of a prompt);
+    `advantages[i]` labels tree i's leaves (node id → advantage)."""
     widths = [max(1, sum(1 for n in t.nodes if not n.children)) for t in trees]
     depth = max(max(n.depth for n in t.nodes) for t in trees)
     fig, axes = plt.subplots(
@@ -75,16 +87,23 @@ def render_trees(trees: Sequence[Tree], path: str, *, titles: Sequence[str] | No
             scored = node.is_leaf and node.reward is not None
             face = cmap(node.reward) if scored else "white"
             ink = "white" if scored and abs(node.reward - 0.5) > 0.3 else "black"  # readable on dark ends
+            picked = len(node.children) > 1  # a branch was forked here
+            advantage = advantages[i].get(node.node_id) if advantages else None
             ax.text(
                 x,
                 y,
-                _label(node),
+                _label(node, advantage),
                 ha="center",
                 va="center",
                 fontsize=7,
                 zorder=2,
                 color=ink,
-                bbox={"boxstyle": "round,pad=0.3", "fc": face, "ec": "0.3"},
+                bbox={
+                    "boxstyle": "round,pad=0.3",
+                    "fc": face,
+                    "ec": "tab:blue" if picked else "0.3",
+                    "lw": 2.5 if picked else 1.0,
+                },
             )
         ax.set_xlim(-0.7, widths[i] - 0.3)
         ax.set_ylim(-depth - 0.6, 0.6)

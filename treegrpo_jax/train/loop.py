@@ -48,6 +48,7 @@ from treegrpo_jax.train.export import save_model_config
 from treegrpo_jax.train.metrics import MetricsWriter, read_metrics, reduce_across_processes
 from treegrpo_jax.train.plots import plot_metrics
 from treegrpo_jax.train.progress import LeafBar, count_params, run_header
+from treegrpo_jax.train.report import render_training_trees, write_index
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +321,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         )
         last = done == cfg.run.steps
         if done % cfg.run.eval_every == 0 or last:
+            if primary and cfg.run.render_trees:  # how this step's trees branched, and their advantages
+                path = os.path.join(plots_dir, f"train_trees_step{done:05d}.png")
+                render_training_trees(trees, cfg.loss.estimator.value, path, step=done)
             try:
                 final_eval = run_eval(done, engine)
             except RetrieverUnavailableError as e:
@@ -328,6 +332,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
                 stop_for_sigterm(done, state, {"loader": loader.get_state(), "eval_pending": True})
             if primary:
                 plot_metrics(os.path.join(workdir, "metrics.jsonl"), plots_dir)
+                write_index(workdir, cfg)
         ckpt.save(done, state, {"loader": loader.get_state()}, force=last or preempted.requested)
         if preempted.requested and not last:
             ckpt.wait()
@@ -340,6 +345,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         plot_metrics(os.path.join(workdir, "metrics.jsonl"), plots_dir)
         with open(os.path.join(workdir, "final_eval.json"), "w") as f:
             json.dump(final_eval, f, indent=2)
+        tqdm.tqdm.write(f"run at a glance: {write_index(workdir, cfg)}")
     return final_eval
 
 
