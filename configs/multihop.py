@@ -1,6 +1,6 @@
 """Tree-GRPO on multi-hop QA with a search tool.
 
-Paper setup (DESIGN.md §1): Qwen2.5-3B, HotpotQA train, a Search-R1 retrieval server (E5 over
+Paper setup (docs/DESIGN.md §1): Qwen2.5-3B, HotpotQA train, a Search-R1 retrieval server (E5 over
 wiki-18, top-3), M=2 N=2 L=1, AdamW lr 1e-6 with warmup ratio 0.285, 512 prompts per step in
 64-prompt mini-batches, 180 steps. Expected: multi-hop average EM ≈ 36.8 (tree) vs 31.8 (chain@4).
 
@@ -19,7 +19,7 @@ world: `:smollm2` (sized for a GPU: minutes there), `:smollm2,smoke` (1 SFT step
 evaluation questions: ≤ 3 min on a 2-core CPU).
 
 Variants by argument, comma-separated: `tiny`, `smollm2`, `smoke`, `chain` (GRPO baseline: M=4,
-N=0, L=0), `tree_m=4`, `tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`, e.g.
+N=0, L=0, estimator=grpo), `tree_m=4`, `tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`, e.g.
 `configs/multihop.py:tiny,chain`.
 """
 
@@ -254,8 +254,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
             c = _smollm2(c)
         elif name == "smoke":
             c = _smoke(c)
-        elif name == "chain":
+        elif name == "chain":  # the GRPO baseline: 4 chains, the group z-score (not intra + inter)
             c.tree.update(num_trees=4, num_picks=0, num_rounds=0)
+            c.rl.estimator = "grpo"
         elif name in ("tree_m", "tree_n", "tree_l"):
             c.tree[{"tree_m": "num_trees", "tree_n": "num_picks", "tree_l": "num_rounds"}[name]] = int(value)
         elif name == "estimator":

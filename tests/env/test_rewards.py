@@ -1,4 +1,4 @@
-"""Rewards: every branch of the DESIGN.md §1 table on hand-written trajectories, EM/F1, format check."""
+"""Rewards: every branch of the docs/DESIGN.md §1 table on hand-written trajectories, EM/F1, format check."""
 
 import random
 

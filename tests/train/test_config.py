@@ -23,7 +23,8 @@ def test_variants_parse(arg):
     shape = (cfg.tree.num_trees, cfg.tree.num_picks, cfg.tree.num_rounds)
     want = {"tiny,chain": (4, 0, 0), "tiny,tree_m=4,tree_n=5": (4, 5, 1), "smollm2,smoke": (2, 1, 1)}
     assert shape == want.get(arg, (2, 2, 1))
-    assert cfg.loss.estimator.value == ("intra" if "estimator=intra" in arg else "tree")
+    estimator = "intra" if "estimator=intra" in arg else "grpo" if "chain" in arg else "tree"
+    assert cfg.loss.estimator.value == estimator
     assert cfg.sft.script.top_k == cfg.agent.top_k  # demonstrations look like rollouts
     assert cfg == from_config_dict(multihop.get_config(arg))  # deterministic, frozen, comparable
 
@@ -32,6 +33,8 @@ def test_chain_variant_is_grpo_baseline():
     cfg = from_config_dict(multihop.get_config("tiny,chain"))
     assert (cfg.tree.num_trees, cfg.tree.num_picks, cfg.tree.num_rounds) == (4, 0, 0)
     assert cfg.tree.leaves_per_prompt == 4
+    assert cfg.loss.estimator.value == "grpo"  # the group z-score; "tree" would add r/(1+1e-6) per chain
+    assert from_config_dict(multihop.get_config("tiny,chain,estimator=tree")).loss.estimator.value == "tree"
 
 
 def test_paper_config_needs_paths_with_a_clear_message():

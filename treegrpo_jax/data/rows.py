@@ -1,7 +1,7 @@
 """The QA row every dataset reader produces, and the record of a row that could not be read.
 
 A row is what the trainer needs to start a rollout and score it: an id, the question, the list of
-accepted answers (exact match against *any* of them, DESIGN.md §1) and the name of the source it came
+accepted answers (exact match against *any* of them, docs/DESIGN.md §1) and the name of the source it came
 from (so metrics can be split per dataset). Rows from the synthetic world also carry the gold search
 path, which the scripted demonstrations follow.
 

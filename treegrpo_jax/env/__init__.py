@@ -2,7 +2,8 @@
 
 What the agent loop calls, per step: `parse_action` on the generated text; for a `Search`, a
 `Retriever.search` over the batch of queries, then `format_observation`; for an `Invalid`, the
-`PromptConfig.invalid_action` text; at a leaf, `training_reward` over the path's step texts.
+`PromptConfig.invalid_action` text; at a leaf, `AgentEnv.reward` (`reward_fn.py`; the paper's
+`training_reward` by default) over the path's step texts.
 """
 
 from treegrpo_jax._exports import lazy_exports

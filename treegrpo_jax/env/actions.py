@@ -17,7 +17,7 @@ import enum
 import re
 from typing import ClassVar
 
-# The rollout engine stops a step at either of these (DESIGN.md §2).
+# The rollout engine stops a step at either of these (docs/DESIGN.md §2).
 STOP_SEQUENCES = ("</search>", "</answer>")
 
 # Bounded \s{0,8}: unbounded \s* on both sides of "/?" backtracks quadratically on "<" + spaces.

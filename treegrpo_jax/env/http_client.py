@@ -1,4 +1,4 @@
-"""Client for the Search-R1 retrieval-server protocol (DESIGN.md §3), standard library only.
+"""Client for the Search-R1 retrieval-server protocol (docs/DESIGN.md §3), standard library only.
 
 Request: ``POST {url}`` with ``{"queries": [...], "topk": k, "return_scores": true}``.
 Response: ``{"result": [[{"document": {"id": ..., "contents": "Title\\ntext"}, "score": s}, ...], ...]}``

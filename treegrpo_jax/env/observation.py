@@ -7,7 +7,7 @@ Layout (each passage on its own line, numbered from 1)::
 
 Budgets are in tokens of the policy's tokenizer, because the context cap is in tokens: each passage
 line is cut to ``passage_tokens`` and the whole observation (tags and newlines included) to
-``max_tokens`` (500 in the paper, DESIGN.md §1). The closing tag survives the cut, so the model always
+``max_tokens`` (500 in the paper, docs/DESIGN.md §1). The closing tag survives the cut, so the model always
 sees a well-formed block. The guarantee is ``len(tokenizer.encode(observation)) <= max_tokens``.
 """
 

@@ -22,14 +22,14 @@ from typing import Protocol, runtime_checkable
 PLACEHOLDER = "{question}"
 DEFAULT_TEMPLATE = "search_agent"
 
-# Appended after the last observation once the tool-call limit is reached (DESIGN.md §1); the step
+# Appended after the last observation once the tool-call limit is reached (docs/DESIGN.md §1); the step
 # that follows is the forced final-answer step, where a search counts as invalid.
 FORCED_ANSWER = (
     "\nYou have used all your searches. Do not search again: think briefly, then give your final "
     "answer inside <answer> and </answer>.\n"
 )
 
-# The observation for a step with no usable action; the trajectory then goes on (DESIGN.md §1).
+# The observation for a step with no usable action; the trajectory then goes on (docs/DESIGN.md §1).
 INVALID_ACTION = (
     "\nThat step had no usable action. Write a search query inside <search> and </search>, "
     "or the final answer inside <answer> and </answer>.\n"

@@ -6,7 +6,7 @@ rollout keeps each node's generated text apart from its observation, so this is 
 string is also accepted: it is split at ``<information>…</information>`` blocks (for scripted
 demonstrations and text-only outputs); pass the list when you have it.
 
-Training reward (DESIGN.md §1), from exact match of the normalised final answer against any gold:
+Training reward (docs/DESIGN.md §1), from exact match of the normalised final answer against any gold:
 
     ===========  ===========  ======
     correct      well-formed  reward
@@ -169,7 +169,7 @@ def final_answer(steps_or_text: str | Sequence[str]) -> str | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardTable:
-    """The training reward values (defaults are DESIGN.md §1; change only for ablations)."""
+    """The training reward values (defaults are docs/DESIGN.md §1; change only for ablations)."""
 
     correct_well_formed: float = 1.0
     correct_malformed: float = 0.8
@@ -222,7 +222,7 @@ def score_trajectory(
 
 
 def training_reward(steps_or_text: str | Sequence[str], golds: str | Sequence[str]) -> float:
-    """The training reward of DESIGN.md §1 (1.0 / 0.8 / 0.2 / 0.1 / 0.0).
+    """The training reward of docs/DESIGN.md §1 (1.0 / 0.8 / 0.2 / 0.1 / 0.0).
 
     Args:
       steps_or_text: model step texts (or a whole response).

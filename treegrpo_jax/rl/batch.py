@@ -12,9 +12,9 @@ only on model-generated tokens. Everything is token-aligned: `loss_mask[b, t]` a
 `[n_mini, n_micro, b]`). T is the smallest length bucket that holds the longest row and b
 is rounded up to `row_multiple · 2^k`, so a run compiles its step for a handful of shapes.
 The rows of one prompt stay in one mini-batch (verl's default ordering), unless
-`split_groups` asks otherwise. Advantages are computed later over *all* rows of the step
-(`advantages.with_advantages`, in jit, before any update) and then travel with the rows
-in the `advantage` field, so the split only decides which rows share an update.
+`split_groups` asks otherwise. Advantages are computed inside the jitted step over *all*
+rows of the step, before any update (`rl.step_inputs.prepare` → `advantages.compute`), so
+the split only decides which rows share an update.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class PathBatch:
       reward: the leaf's reward.
       prompt_id / tree_id: rows sharing (prompt_id, tree_id) are the leaves of one tree.
       row_valid: False on padding rows (they touch no statistic and no gradient).
-      advantage: one per row; zeros until `advantages.with_advantages` fills it.
+      advantage: one per row, for analysis (`advantages.with_advantages`); the train step
+        computes its own from the rewards and does not read this field.
     """
 
     tokens: Int[Array, "... T"]

@@ -1,4 +1,4 @@
-"""The clipped policy loss (DESIGN.md §1) and the SFT negative log-likelihood, one function.
+"""The clipped policy loss (docs/DESIGN.md §1) and the SFT negative log-likelihood, one function.
 
 Legend: B rows, T tokens.
 

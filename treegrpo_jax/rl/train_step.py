@@ -19,7 +19,8 @@ SFT mode runs the same path with advantage 1, no ratio, no old/reference passes.
 
 Metrics (scalars, replicated): loss parts, clip fractions, KL, entropy, ratio mean/min/max,
 advantage stats, sampler-vs-trainer log-prob gap, grad norm, lr, skipped updates. Means are
-averaged over mini-batches; read them one step late to keep dispatch asynchronous.
+averaged over mini-batches. The trainer reads them right after the step (`train/loop.py`: the
+next rollout needs the updated weights anyway, so nothing is left to overlap).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ from treegrpo_jax.rollout.tree import Node, StepKind, Tree
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AgentConfig:
-    """Limits of one trajectory (DESIGN.md §1 paper defaults).
+    """Limits of one trajectory (defaults near the paper's, docs/DESIGN.md §1; `configs/multihop.py`
+    sets max_turns=4).
 
     Attributes:
       max_tool_calls: searches allowed on a path; then one forced final-answer step.

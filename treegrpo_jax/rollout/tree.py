@@ -23,11 +23,12 @@ class StepKind(enum.StrEnum):
     SEARCH = "search"
     ANSWER = "answer"
     INVALID = "invalid"  # no parsable action: feedback observation, the trajectory goes on
-    TRUNCATED = "truncated"  # context cap / out of slots: a leaf without an answer
+    TRUNCATED = "truncated"  # context cap, room ≤ min_step_room, or out of pages: a leaf, no answer
 
 
-# Kinds that end a trajectory. (A forced final-answer step that fails to answer is
-# recorded as INVALID/TRUNCATED but is still a leaf: see Node.is_leaf.)
+# Kinds that always end a trajectory. Others can too (`Node.is_leaf` is the test): a forced
+# final-answer step that fails to answer stays INVALID, and a SEARCH / INVALID node whose
+# observation does not fit the context keeps its kind.
 LEAF_KINDS = frozenset({StepKind.ANSWER, StepKind.TRUNCATED})
 
 

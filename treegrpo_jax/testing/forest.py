@@ -1,10 +1,10 @@
-"""Random forests of rollout trees for the RL tests (initialize-then-expand, DESIGN.md §1)."""
+"""Random forests of rollout trees for the RL tests (initialize-then-expand, docs/DESIGN.md §1)."""
 
 from __future__ import annotations
 
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
 
-# The training reward takes these values (DESIGN.md §1), so ties are frequent and exact.
+# The training reward takes these values (docs/DESIGN.md §1), so ties are frequent and exact.
 REWARD_VALUES = (0.0, 0.1, 0.2, 0.8, 1.0)
 
 

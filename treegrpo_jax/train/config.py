@@ -260,7 +260,9 @@ class TrainConfig:
         try:
             load_template(self.template)
         except FileNotFoundError as e:
-            raise ValueError(f"config.template: {e} (bundled: search_agent, search_agent_terse)") from None
+            raise ValueError(
+                f"config.template: {e} (bundled: search_agent, search_agent_terse, search_agent_bare)"
+            ) from None
 
     def _check_lengths(self) -> None:
         """Every cap fits the context, and the context fits the longest training bucket."""
