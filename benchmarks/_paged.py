@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.model.cascade_attention import cascade_attention
 from treegrpo_jax.model.decode_attention import decode_attention_native, decode_attention_xla
 from treegrpo_jax.native import build as native_build
@@ -276,9 +277,7 @@ def run_paged(bc, model, cfg) -> dict:
         smol, smol_cfg, smol_tok = load_pretrained(assets.smollm2_gguf_path(), dtype="float32")
         smol_env = dataclasses.replace(env, tokenizer=smol_tok)
         assert isinstance(smol_env, AgentEnv)
-        smol_table = make_stop_table(
-            token_bytes(smol_tok), ("</search>", "</answer>"), vocab_size=smol_cfg.vocab_size
-        )
+        smol_table = make_stop_table(token_bytes(smol_tok), STOP_SEQUENCES, vocab_size=smol_cfg.vocab_size)
         smol_rows = rows[: bc.paged_smollm2_prompts]
         out["budget_smollm2"] = _budget(
             bc, "smollm2", smol, smol_tok, smol_env, agent, smol_rows, smol_table, max_len=1024,

@@ -58,6 +58,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from treegrpo_jax.data.synthetic_world import build_world  # noqa: E402
+from treegrpo_jax.env.actions import STOP_SEQUENCES  # noqa: E402
 from treegrpo_jax.env.bm25 import BM25Retriever  # noqa: E402
 from treegrpo_jax.env.http_client import HttpRetriever, HttpRetrieverConfig  # noqa: E402
 from treegrpo_jax.env.retrieval_server import ServerConfig, make_server  # noqa: E402
@@ -318,7 +319,7 @@ def hostile_streams(server_url: str, target: int) -> dict:
         )
         rig = hostile.HostileRig(retriever=http, agent=agent, tree=tree, context_len=1024)
         tok = rig.tokenizer
-        table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=tok.vocab_size)
+        table = make_stop_table(token_bytes(tok), STOP_SEQUENCES, vocab_size=tok.vocab_size)
         engine = Engine(
             rig.model, num_slots=prompts * tree.leaves_per_prompt, max_len=1024, eos_ids=tok.eos_ids,
             stop_table=table, min_rows=8,

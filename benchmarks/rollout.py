@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.decoder import Decoder
@@ -481,7 +482,7 @@ def _policy_setup(bc: BenchConfig):
         )
         agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)
         rows = list(world.train[: bc.tree_prompts])
-    table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=mcfg.vocab_size)
+    table = make_stop_table(token_bytes(tok), STOP_SEQUENCES, vocab_size=mcfg.vocab_size)
     return policy, tok, env, agent, rows, table
 
 
@@ -784,7 +785,7 @@ def run_kv_dtype(bc: BenchConfig, model: Decoder, cfg: ModelConfig) -> dict:
         smol, smol_cfg, smol_tok = load_pretrained(assets.smollm2_gguf_path(), dtype="float32")
         smol_env = AgentEnv(tokenizer=smol_tok, retriever=env.retriever, prompt=env.prompt,
                             observation=env.observation)  # fmt: skip
-        smol_table = make_stop_table(token_bytes(smol_tok), ("</search>", "</answer>"),
+        smol_table = make_stop_table(token_bytes(smol_tok), STOP_SEQUENCES,
                                      vocab_size=smol_cfg.vocab_size)  # fmt: skip
         policies["smollm2"] = (smol, smol_tok, smol_env, smol_table)
     for name, (pol, ptok, penv, ptable) in policies.items():

@@ -49,6 +49,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.decoder import causal_mask
@@ -283,7 +284,7 @@ def rollout_trees(shapes: dict[str, tuple[int, int, int]], prompts: dict[str, in
         observation=ObservationConfig(passage_tokens=56, max_tokens=72),
     )
     agent = AgentConfig(max_tool_calls=4, max_turns=5, max_step_tokens=48, top_k=1)  # the :tiny limits
-    table = make_stop_table(token_bytes(tok), ("</search>", "</answer>"), vocab_size=cfg.vocab_size)
+    table = make_stop_table(token_bytes(tok), STOP_SEQUENCES, vocab_size=cfg.vocab_size)
     trees = {}
     for name, (m, n, rounds) in shapes.items():
         shape = TreeSearchConfig(num_trees=m, num_picks=n, num_rounds=rounds)

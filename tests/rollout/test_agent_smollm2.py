@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from treegrpo_jax.data.synthetic_world import WorldConfig, build_world
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.env.bm25 import BM25Retriever
 from treegrpo_jax.env.observation import ObservationConfig
 from treegrpo_jax.rollout import stops
@@ -37,7 +38,7 @@ def test_smollm2_tree_rollout_on_the_synthetic_world(smollm2):
     agent = AgentConfig(
         max_tool_calls=1, max_turns=2, max_step_tokens=32, top_k=2, temperature=0.7, top_p=1.0
     )
-    table = stops.make_stop_table(stops.token_bytes(tok), ("</search>", "</answer>"), cfg.vocab_size)
+    table = stops.make_stop_table(stops.token_bytes(tok), STOP_SEQUENCES, cfg.vocab_size)
     engine = Engine(model, num_slots=4, max_len=1024, eos_ids=tok.eos_ids, stop_table=table, min_rows=4)
     search = TreeSearchConfig(num_trees=1, num_picks=1, num_rounds=1)
     trees, stats = rollout(engine, env, world.train[:2], search, agent, key=jax.random.key(0))

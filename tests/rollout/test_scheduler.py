@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.env.observation import ObservationConfig
 from treegrpo_jax.env.retrieval import RetrieverUnavailableError, SearchResult
 from treegrpo_jax.model.build import init_model
@@ -32,7 +33,7 @@ from treegrpo_jax.testing.markov_agent import agent_chain
 
 AGENT = AgentConfig(max_tool_calls=2, max_turns=4, max_step_tokens=12, top_k=2, temperature=1.0, top_p=1.0)
 LOCKSTEP = SchedulerConfig(driver=Driver.LOCKSTEP)
-STOPS = ("</search>", "</answer>")
+STOPS = STOP_SEQUENCES
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.tokenizer import Tokenizer
@@ -15,7 +16,7 @@ from treegrpo_jax.rollout import stops
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.sampling import SamplingParams
 
-STOPS = ("</search>", "</answer>")
+STOPS = STOP_SEQUENCES
 
 
 @pytest.fixture(scope="module")

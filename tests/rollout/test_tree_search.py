@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.rollout import stops
@@ -33,9 +34,7 @@ def model(env):
 
 
 def _engine(model, env, slots):
-    table = stops.make_stop_table(
-        stops.token_bytes(env.tokenizer), ("</search>", "</answer>"), model.cfg.vocab_size
-    )
+    table = stops.make_stop_table(stops.token_bytes(env.tokenizer), STOP_SEQUENCES, model.cfg.vocab_size)
     return Engine(
         model, num_slots=slots, max_len=1024, eos_ids=env.tokenizer.eos_ids, stop_table=table, min_rows=4
     )

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from treegrpo_jax.env.rewards import AnswerMetric, RewardTable, evaluation_reward, score_trajectory
+from treegrpo_jax.validation import as_enum
 
 
 @runtime_checkable
@@ -88,12 +89,7 @@ class RewardConfig:
     fn: str = ""
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "kind", RewardKind(self.kind))
-        except ValueError:
-            raise ValueError(
-                f"RewardConfig.kind={self.kind!r}; allowed: {[k.value for k in RewardKind]}"
-            ) from None
+        object.__setattr__(self, "kind", as_enum(RewardKind, self.kind, "RewardConfig.kind"))
         if self.kind is RewardKind.CALLABLE and (not isinstance(self.fn, str) or self.fn.count(":") != 1):
             raise ValueError(
                 f"RewardConfig.fn must be 'package.module:function' for kind=callable, got {self.fn!r}"

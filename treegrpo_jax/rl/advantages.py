@@ -31,6 +31,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from treegrpo_jax.rl.batch import PathBatch
+from treegrpo_jax.validation import as_enum
 
 EPS = 1e-6  # added to the std, as in the reference implementation
 
@@ -58,12 +59,7 @@ _ESTIMATOR_GROUPS: dict[Estimator, tuple[_Group, ...]] = {
 
 def parse_estimator(value: str | Estimator) -> Estimator:
     """`Estimator(value)` with an error that lists the allowed names."""
-    try:
-        return Estimator(value)
-    except ValueError:
-        raise ValueError(
-            f"unknown advantage estimator {value!r}; allowed: {[e.value for e in Estimator]}"
-        ) from None
+    return as_enum(Estimator, value, "advantage estimator")
 
 
 def _zscore(r: Float[Array, " B"], ids: Int[Array, " B"], mask: Bool[Array, " B"]) -> Float[Array, " B"]:

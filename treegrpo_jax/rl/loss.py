@@ -33,6 +33,7 @@ from jaxtyping import Array, Float
 
 from treegrpo_jax.rl.advantages import Estimator, parse_estimator
 from treegrpo_jax.rl.token_weights import Aggregation, TokenWeights
+from treegrpo_jax.validation import as_enum
 
 _MAX_LOG_RATIO = 20.0  # exp() guard on log-ratios, as in verl; inactive for sane policies
 
@@ -43,10 +44,7 @@ class LossMode(enum.StrEnum):
 
 
 def _enum(cls, value, field: str):
-    try:
-        return cls(value)
-    except ValueError:
-        raise ValueError(f"LossConfig.{field}={value!r}; allowed: {[e.value for e in cls]}") from None
+    return as_enum(cls, value, f"LossConfig.{field}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

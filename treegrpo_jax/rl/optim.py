@@ -21,6 +21,8 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from treegrpo_jax.validation import as_enum
+
 
 class DecaySchedule(enum.StrEnum):
     CONSTANT = "constant"
@@ -54,12 +56,7 @@ class OptimConfig:
     grad_clip: float | None = 1.0
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "schedule", DecaySchedule(self.schedule))
-        except ValueError:
-            raise ValueError(
-                f"OptimConfig.schedule={self.schedule!r}; allowed: {[s.value for s in DecaySchedule]}"
-            ) from None
+        object.__setattr__(self, "schedule", as_enum(DecaySchedule, self.schedule, "OptimConfig.schedule"))
         if not self.learning_rate >= 0:
             raise ValueError(f"OptimConfig.learning_rate must be ≥ 0, got {self.learning_rate}")
         if not 0.0 <= self.warmup_ratio < 1.0:

@@ -34,6 +34,7 @@ from treegrpo_jax.env.retrieval import Retriever, SearchResult
 from treegrpo_jax.env.reward_fn import EMFormatReward, Reward
 from treegrpo_jax.env.rewards import evaluation_reward
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
+from treegrpo_jax.validation import check_int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,9 +71,8 @@ class AgentConfig:
             "min_step_room",
             "top_k_sampling",
         ):
-            value, least = getattr(self, name), 0 if name in ("max_tool_calls", "top_k_sampling") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"AgentConfig.{name} must be an int ≥ {least}, got {value!r}")
+            least = 0 if name in ("max_tool_calls", "top_k_sampling") else 1
+            check_int(f"AgentConfig.{name}", getattr(self, name), least)
         if self.max_turns < self.max_tool_calls:
             raise ValueError(
                 f"AgentConfig.max_turns={self.max_turns} must be ≥ max_tool_calls={self.max_tool_calls}"

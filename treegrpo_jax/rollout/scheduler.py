@@ -70,6 +70,7 @@ from treegrpo_jax.rollout.search_state import (
     start_trees,
 )
 from treegrpo_jax.rollout.tree import Node, Tree
+from treegrpo_jax.validation import as_enum, check_int
 
 
 class Driver(enum.StrEnum):
@@ -99,21 +100,14 @@ class SchedulerConfig:
     retrieval_workers: int = 4
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "driver", Driver(self.driver))
-        except ValueError:
-            raise ValueError(
-                f"SchedulerConfig.driver={self.driver!r}; allowed: {[d.value for d in Driver]}"
-            ) from None
+        object.__setattr__(self, "driver", as_enum(Driver, self.driver, "SchedulerConfig.driver"))
         q = self.quantum
         if isinstance(q, bool) or not isinstance(q, int) or q < 1 or q & (q - 1):
             raise ValueError(f"SchedulerConfig.quantum must be a power of two ≥ 1, got {q!r}")
         if isinstance(self.exit_fraction, bool) or not 0 < self.exit_fraction <= 1:
             raise ValueError(f"SchedulerConfig.exit_fraction must be in (0, 1], got {self.exit_fraction!r}")
         for name in ("admit_prompts", "retrieval_workers"):
-            a = getattr(self, name)
-            if isinstance(a, bool) or not isinstance(a, int) or a < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be an int ≥ 1, got {a!r}")
+            check_int(f"SchedulerConfig.{name}", getattr(self, name), 1)
 
 
 class WalkState(enum.StrEnum):

@@ -33,6 +33,7 @@ from treegrpo_jax.rollout.agent import AgentConfig
 from treegrpo_jax.rollout.page_pool import KVCacheConfig
 from treegrpo_jax.rollout.scheduler import SchedulerConfig
 from treegrpo_jax.rollout.tree_search import TreeSearchConfig
+from treegrpo_jax.validation import as_enum, check_bool, check_int, check_number
 
 
 class ModelSource(enum.StrEnum):
@@ -316,21 +317,15 @@ _DERIVED_MODEL_FIELDS = {"vocab_size", "dtype", "param_dtype", "eos_token_ids", 
 
 
 def _check_int(key: str, value, minimum: int, note: str = "") -> None:
-    # bool is an int subclass: `True` is never a count.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"config.{key} must be an int ≥ {minimum}{' ' + note if note else ''}, got {value!r}"
-        )
+    check_int(f"config.{key}", value, minimum, note)
 
 
 def _check_number(key: str, value, allowed: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
-        raise ValueError(f"config.{key} must be a number {allowed}, got {value!r}")
+    check_number(f"config.{key}", value, allowed, ok)
 
 
 def _check_bool(key: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"config.{key} must be True or False, got {value!r}")
+    check_bool(f"config.{key}", value)
 
 
 def _check_path(key: str, path: str, what: str) -> None:
@@ -339,10 +334,7 @@ def _check_path(key: str, path: str, what: str) -> None:
 
 
 def _enum(cls, value, key: str):
-    try:
-        return cls(value)
-    except ValueError:
-        raise ValueError(f"config.{key}={value!r}; allowed: {[v.value for v in cls]}") from None
+    return as_enum(cls, value, f"config.{key}")
 
 
 def _make(cls, block: dict[str, Any], key: str, **fixed):

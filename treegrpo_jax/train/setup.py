@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from treegrpo_jax.data.readers import read_rows
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.data.synthetic_world import World, build_world, write_world
+from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.env.bm25 import BM25Retriever
 from treegrpo_jax.env.http_client import HttpRetriever, HttpRetrieverConfig
 from treegrpo_jax.env.prompt import PromptConfig
@@ -37,8 +38,6 @@ from treegrpo_jax.rollout.stops import make_stop_table, token_bytes
 from treegrpo_jax.train.config import DataKind, ModelSource, RetrieverKind, TrainConfig
 
 log = logging.getLogger(__name__)
-
-STOP_STRINGS = ("</search>", "</answer>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +243,7 @@ def make_engine(
     kv_cache: KVCacheConfig | None = None,
 ) -> Engine:
     kv_cache = kv_cache or KVCacheConfig()
-    table = make_stop_table(token_bytes(tokenizer), STOP_STRINGS, vocab_size=model.cfg.vocab_size)
+    table = make_stop_table(token_bytes(tokenizer), STOP_SEQUENCES, vocab_size=model.cfg.vocab_size)
     return Engine(
         model,
         num_slots=num_slots,
