@@ -149,7 +149,7 @@ class LoopCounters:
 
     def add(self, other: LoopCounters) -> None:
         """Adds `other`'s counts to these (a scheduler keeps one per prompt until it is done)."""
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(LoopCounters):  # only these (a `RolloutStats` has more)
             if f.name == "invalid_reasons":
                 for reason, n in other.invalid_reasons.items():
                     self.invalid_reasons[reason] = self.invalid_reasons.get(reason, 0) + n

@@ -71,22 +71,15 @@ class TreeSearchConfig:
 
 
 @dataclasses.dataclass
-class RolloutStats:
-    """Cost accounting of one rollout call."""
+class RolloutStats(LoopCounters):
+    """Cost accounting of one rollout call: the loop's counters (`LoopCounters`: tool calls,
+    invalid steps, truncated leaves, ... — defined there once), then the engine's and the trees'."""
 
     prompts: int = 0
     leaves: int = 0
     decoded_tokens: int = 0
     prefilled_tokens: int = 0  # prompts (once per prompt) + observations (once per node)
     forked_tokens: int = 0  # prefix tokens branches got by cache copy
-    reprefill_tokens: int = 0  # an engine resubmitting the whole context every turn
-    tool_calls: int = 0
-    invalid_steps: int = 0
-    truncated_leaves: int = 0
-    retrieval_errors: int = 0
-    capped_steps: int = 0
-    clipped_actions: int = 0
-    undecodable_steps: int = 0
     # Engine use: how full the decode batches were, and how much of what they computed was kept.
     slots: int = 0  # the pool
     decode_calls: int = 0
@@ -103,7 +96,6 @@ class RolloutStats:
     cow_pages: int = 0  # partial pages copied at forks (paged)
     preempted_prompts: int = 0  # prompts rerun for want of pages (same trees; time lost)
     page_truncated: int = 0  # walks ended because their prompt alone outgrew the pool
-    invalid_reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # reason → steps
     times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
     wall: float = 0.0
 
@@ -134,8 +126,7 @@ class RolloutStats:
         self.kv_peak_tokens, self.cow_pages = es.kv_peak_tokens, es.cow_pages
         self.kv_peak_bytes = es.kv_peak_tokens * kv_bytes_per_token
         self.kv_peak_over_unique = es.kv_peak_tokens / max(1, self.unique_tokens)
-        for f in dataclasses.fields(LoopCounters):
-            setattr(self, f.name, getattr(counters, f.name))
+        self.add(counters)  # the loop's counts (this object starts from zero)
 
 
 def unique_tokens(trees: Sequence[Tree]) -> int:

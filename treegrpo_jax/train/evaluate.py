@@ -60,15 +60,22 @@ def evaluate(
         should_stop=should_stop,
         progress=progress,
     )
-    by_source: dict[str, list[float]] = collections.defaultdict(list)
-    for row, tree in zip(rows, trees, strict=True):
-        by_source[row.data_source].append(tree.leaves()[0].em)
     metrics = leaf_metrics(trees, "eval")
     metrics["eval/em"] = metrics.pop("eval/em_mean")
-    for source, ems in sorted(by_source.items()):
-        metrics[f"eval/em/{source}"] = float(np.mean(ems))
+    for source, (em_sum, count) in sorted(em_by_source(rows, trees).items()):
+        metrics[f"eval/em/{source}"] = em_sum / count
     metrics["eval/wall_s"] = stats.wall
     return metrics, trees
+
+
+def em_by_source(rows: Sequence[QARow], trees: Sequence[Tree]) -> dict[str, tuple[float, int]]:
+    """(EM sum, questions) per `data_source`: sums, so hosts holding different row counts combine
+    exactly (`multihost.evaluate_sharded`). One chain per question: its leaf's EM."""
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for row, tree in zip(rows, trees, strict=True):
+        out[row.data_source][0] += tree.leaves()[0].em
+        out[row.data_source][1] += 1
+    return {source: (em_sum, int(n)) for source, (em_sum, n) in out.items()}
 
 
 def format_table(metrics: dict[str, float]) -> str:

@@ -19,7 +19,6 @@ process to take part). Everything else follows from that:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
@@ -34,7 +33,7 @@ from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.rl.batch import PathBatch, PathRow, batch_shardings, shard_batch
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
 from treegrpo_jax.rollout.engine import Engine
-from treegrpo_jax.train.evaluate import evaluate
+from treegrpo_jax.train.evaluate import em_by_source, evaluate
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
@@ -141,15 +140,12 @@ def evaluate_sharded(
     mine = list(rows[p::n])
     metrics, trees = evaluate(engine, env, mine, agent, seed=seed, **kw)
     sources = sorted({r.data_source for r in rows})
-    per_source = collections.defaultdict(lambda: [0.0, 0.0])
-    for row, tree in zip(mine, trees, strict=True):
-        per_source[row.data_source][0] += tree.leaves()[0].em
-        per_source[row.data_source][1] += 1
+    per_source = em_by_source(mine, trees)
     k = len(mine)
     # Sums, so that hosts with different row counts weigh each row equally.
     local = [metrics[key] * k for key in _MEAN_KEYS] + [k, metrics["eval/wall_s"]]
     for s in sources:
-        local += per_source[s]
+        local += list(per_source.get(s, (0.0, 0)))
     total = np.asarray(multihost_utils.process_allgather(np.asarray(local, np.float64).view(np.uint32)))
     sums = total.reshape(n, -1).view(np.float64).sum(axis=0)
     count = max(sums[len(_MEAN_KEYS)], 1.0)
