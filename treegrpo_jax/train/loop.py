@@ -18,6 +18,7 @@ unreachable for longer than `retriever.max_outage_s` stops the run with a saved 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,8 +34,7 @@ from treegrpo_jax import native
 from treegrpo_jax.data.loader import LoaderConfig, RowLoader
 from treegrpo_jax.env.retrieval import RetrieverUnavailableError
 from treegrpo_jax.parallel.mesh import make_mesh
-from treegrpo_jax.rl.batch import LayoutKind, build_batch, rows_from_trees, shard_batch
-from treegrpo_jax.rl.packed import build_packed_batch
+from treegrpo_jax.rl.batch import LayoutKind
 from treegrpo_jax.rl.train_state import create_train_state
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
@@ -251,6 +251,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
 
     # Packed trees keep one host's leaf tables: several processes train on path rows (same update).
     layout_kind = cfg.layout.kind if jax.process_count() == 1 else LayoutKind.PATHS
+    step_layout = dataclasses.replace(cfg.layout, kind=layout_kind)
     step_fn = jit_train_step(
         shardings, loss_cfg=cfg.loss, optim_cfg=cfg.optim, mesh=mesh, layout_kind=layout_kind
     )
@@ -284,11 +285,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str) -> dict[str, float]:
         except RolloutCancelled:
             stop_for_sigterm(step, state, before)
         t1 = time.perf_counter()
-        if layout_kind == LayoutKind.PACKED:  # each tree's unique tokens once: same loss, fewer tokens
-            batch = shard_batch(build_packed_batch(trees, cfg.layout), mesh)
-        else:
-            path_rows = multihost.global_prompt_ids(rows_from_trees(trees), first_prompt)
-            batch = multihost.place_batch(build_batch(path_rows, cfg.layout), mesh)
+        batch = multihost.step_batch(trees, step_layout, mesh, first_prompt)
         state, train_metrics = step_fn(state, batch, ref_params)
         # The next rollout samples from the updated policy (the same arrays on one process).
         engine.set_params(multihost.local_params(state.params))

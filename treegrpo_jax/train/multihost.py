@@ -30,9 +30,20 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from treegrpo_jax.data.rows import QARow
-from treegrpo_jax.rl.batch import PathBatch, PathRow, batch_shardings, shard_batch
+from treegrpo_jax.rl.batch import (
+    BatchLayout,
+    LayoutKind,
+    PathBatch,
+    PathRow,
+    batch_shardings,
+    build_batch,
+    rows_from_trees,
+    shard_batch,
+)
+from treegrpo_jax.rl.layouts import batch_from_trees
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
 from treegrpo_jax.rollout.engine import Engine
+from treegrpo_jax.rollout.tree import Tree
 from treegrpo_jax.train.evaluate import em_by_source, evaluate
 
 
@@ -100,6 +111,19 @@ def _pad_batch(batch: PathBatch, rows: int, seq_len: int) -> PathBatch:
     out = {f.name: pad(f.name, getattr(batch, f.name)) for f in dataclasses.fields(PathBatch)}
     out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), out["tokens"].shape).copy()
     return PathBatch(**out)
+
+
+def step_batch(trees: Sequence[Tree], layout: BatchLayout, mesh: Mesh | None, first_prompt: int):
+    """The step's global batch from this host's trees, in `layout.kind` (`rl.layouts` registry).
+
+    One process: `batch_from_trees` placed on the mesh. Several: path rows only (packed trees
+    keep one host's leaf tables), prompt ids made global, each host's rows a block of the batch.
+    """
+    if jax.process_count() == 1:
+        return shard_batch(batch_from_trees(trees, layout), mesh)
+    if layout.kind != LayoutKind.PATHS:
+        raise ValueError("several JAX processes train on path rows: use rl.layout='paths'")
+    return place_batch(build_batch(global_prompt_ids(rows_from_trees(trees), first_prompt), layout), mesh)
 
 
 def place_batch(batch: PathBatch, mesh: Mesh | None) -> PathBatch:
