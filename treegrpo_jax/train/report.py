@@ -91,7 +91,10 @@ def write_index(workdir: str, cfg, *, title: str = "Tree-GRPO run") -> str:
         f"<div><h3>training (step {last_train.get('step', '–')})</h3>{_table(last_train)}</div>",
         f"<div><h3>evaluation (step {last_eval.get('step', '–')})</h3>{_table(last_eval)}</div></div>",
         "<h2>Curves</h2>",
-        *(f"<a href='plots/{n}'><img src='plots/{n}' alt='{n}'></a>" for n in curves),
+        *(f"<a href='plots/{n}'><img src='plots/{n}' alt='{n}'></a>" for n in curves[:1]),
+        "<p>Each panel alone: "
+        + " · ".join(f"<a href='plots/{n}'>{n}</a>" for n in curves[1:])
+        + "</p>",
         "<h2>Trees</h2>",
         *(f"<figure><a href='plots/{n}'><img src='plots/{n}' alt='{n}'></a>"
           f"<figcaption>{n}</figcaption></figure>" for n in trees),  # fmt: skip
