@@ -56,6 +56,7 @@ from treegrpo_jax.env.observation import ObservationConfig, TokenizerLike, forma
 from treegrpo_jax.env.prompt import PromptConfig, PromptTokenizer, prompt_ids
 from treegrpo_jax.env.retrieval import Retriever
 from treegrpo_jax.env.rewards import em, score_trajectory
+from treegrpo_jax.validation import check_int
 
 __all__ = [
     "CharTokenizer",
@@ -149,9 +150,8 @@ class ScriptConfig:
                 )
         if sum(self.rates().values()) > 1.0 + 1e-9:
             raise ValueError(f"ScriptConfig: the mistake rates sum to {sum(self.rates().values())} > 1")
-        for name, value in (("top_k", self.top_k), ("max_tool_calls", self.max_tool_calls)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ScriptConfig.{name} must be an int >= 1, got {value!r}")
+        for name in ("top_k", "max_tool_calls"):
+            check_int(f"ScriptConfig.{name}", getattr(self, name), 1)
 
     def rates(self) -> dict[Mistake, float]:
         """Probability of each mistake, in the order they are drawn."""

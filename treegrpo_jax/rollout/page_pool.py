@@ -16,6 +16,8 @@ import dataclasses
 
 import numpy as np
 
+from treegrpo_jax.validation import check_int
+
 KV_LAYOUTS = ("slots", "paged")
 
 
@@ -40,10 +42,7 @@ class KVCacheConfig:
         p = self.page_size
         if isinstance(p, bool) or not isinstance(p, int) or p < 1 or p > 128 or p & (p - 1):
             raise ValueError(f"kv_cache.page_size must be a power of two in [1, 128], got {p!r}")
-        if isinstance(self.pages, bool) or not isinstance(self.pages, int) or self.pages < 0:
-            raise ValueError(
-                f"kv_cache.pages must be an int ≥ 0 (0: the slot layout's memory), got {self.pages!r}"
-            )
+        check_int("kv_cache.pages", self.pages, 0, "(0: the slot layout's memory)")
 
 
 class OutOfSlotsError(RuntimeError):
