@@ -117,10 +117,10 @@ def _time_cases(model: Decoder, cases: list[Case], *, steps: int, pool_len: int,
     return {c: 1e3 * float(np.median(s)) / steps for c, s in seconds.items()}
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 7) -> float:
-    """Best f32 GEMM rate of this CPU now (the compute ceiling)."""
-    a = jnp.ones((n, n), jnp.float32)
-    mm = jax.jit(lambda x: x @ x)
+def matmul_gflops(n: int = 1024, repeats: int = 7, dtype=jnp.float32) -> float:
+    """Best GEMM rate of this CPU now (the compute ceiling), f32 accumulation for any `dtype`."""
+    a = jnp.ones((n, n), dtype)
+    mm = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
     mm(a).block_until_ready()
     best = float("inf")
     for _ in range(repeats):

@@ -53,12 +53,12 @@ from treegrpo_jax.model.decode_attention import decode_attention_xla
 from treegrpo_jax.model.decoder import causal_mask
 from treegrpo_jax.model.paged_kernels import paged_attention_pallas, paged_attention_xla, platform_for_backend
 from treegrpo_jax.model.slot_kernels import slot_attention_pallas
-from treegrpo_jax.rl import BatchLayout, LossConfig, OptimConfig, PathRow, build_batch, create_train_state
+from treegrpo_jax.rl import BatchLayout, LossConfig, OptimConfig, build_batch, create_train_state
 from treegrpo_jax.rl.layouts import batch_from_trees
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.sampling import SamplingParams
-from treegrpo_jax.testing.forest import random_forest
+from treegrpo_jax.testing.forest import random_forest, random_path_rows
 
 # Qwen2.5-1.5B's shape (config.json of Qwen/Qwen2.5-1.5B-Instruct).
 QWEN25_1_5B = dict(
@@ -407,29 +407,20 @@ def part_decode(sizes: Sizes, args, ceilings: dict) -> dict:
 
 
 # ----------------------------------------------------------------------- mfu
-def _rows(n: int, seq: int, vocab: int) -> list[PathRow]:
-    rng = np.random.default_rng(0)
-    mask = np.arange(seq) >= 128 if seq > 256 else np.arange(seq) >= 8
-    return [
-        PathRow(
-            tokens=rng.integers(0, vocab, seq).astype(np.int32),
-            loss_mask=mask,
-            sampler_logp=np.where(mask, -rng.random(seq), 0.0).astype(np.float32),
-            reward=float(i % 2),
-            prompt_id=0,
-            tree_id=i % 2,
-        )
-        for i in range(n)
-    ]
-
-
 def part_mfu(sizes: Sizes, args, ceilings: dict) -> dict:
     cfg = ModelConfig(**sizes.model, dtype="bfloat16", param_dtype="float32")
     model = init_model(cfg, seed=0)
     optim = OptimConfig(learning_rate=1e-6, warmup_ratio=0.0, total_steps=100)
     state, _ = create_train_state(model, optim)
     layout = BatchLayout(length_buckets=(sizes.train_seq,), row_multiple=sizes.train_rows)
-    batch = jax.device_put(build_batch(_rows(sizes.train_rows, sizes.train_seq, cfg.vocab_size), layout))
+    batch = jax.device_put(
+        build_batch(
+            random_path_rows(
+                sizes.train_rows, sizes.train_seq, cfg.vocab_size, prompt_len=min(128, sizes.train_seq // 16)
+            ),
+            layout,
+        )
+    )
     step = jit_train_step(None, loss_cfg=LossConfig(kl_coef=0.0, entropy_coef=0.0), optim_cfg=optim)
     t0 = time.perf_counter()
     compiled = step.lower(state, batch, None).compile()

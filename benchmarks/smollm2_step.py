@@ -36,45 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _roofline import matmul_gflops, read_bandwidth_gbps  # noqa: E402
 
 from treegrpo_jax.model.pretrained import load_pretrained  # noqa: E402
-from treegrpo_jax.rl import BatchLayout, LossConfig, OptimConfig, PathRow, build_batch  # noqa: E402
+from treegrpo_jax.rl import BatchLayout, LossConfig, OptimConfig, build_batch  # noqa: E402
 from treegrpo_jax.rl.logprobs import token_logprobs  # noqa: E402
 from treegrpo_jax.rl.train_state import create_train_state  # noqa: E402
 from treegrpo_jax.rl.train_step import jit_train_step  # noqa: E402
 from treegrpo_jax.rollout.engine import Engine  # noqa: E402
 from treegrpo_jax.rollout.sampling import SamplingParams  # noqa: E402
+from treegrpo_jax.testing.forest import random_path_rows  # noqa: E402
 from treegrpo_jax.train.setup import cpu_bf16_flags  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
-
-
-def bf16_matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
-    a = jnp.ones((n, n), jnp.bfloat16)
-    mm = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
-    mm(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        mm(a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
-
-
-def _rows(n: int, seq: int, vocab: int) -> list[PathRow]:
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(n):
-        mask = np.arange(seq) >= 64
-        out.append(
-            PathRow(
-                tokens=rng.integers(0, vocab, seq).astype(np.int32),
-                loss_mask=mask,
-                sampler_logp=np.where(mask, -rng.random(seq), 0.0).astype(np.float32),
-                reward=float(i % 2),
-                prompt_id=0,
-                tree_id=i % 2,
-            )
-        )
-    return out
 
 
 def _timed(fn) -> float:
@@ -103,7 +74,10 @@ def make_parts(dtype: str, args) -> tuple[dict, dict]:
         return time.perf_counter() - t0
 
     batch = jax.device_put(
-        build_batch(_rows(args.rows, args.seq, cfg.vocab_size), BatchLayout(length_buckets=(args.seq,)))
+        build_batch(
+            random_path_rows(args.rows, args.seq, cfg.vocab_size, prompt_len=64),
+            BatchLayout(length_buckets=(args.seq,)),
+        )
     )
     tokens = jnp.asarray(batch.tokens).reshape(-1, args.seq)
     positions = jnp.broadcast_to(jnp.arange(args.seq), tokens.shape)
@@ -151,7 +125,7 @@ def main() -> None:
     ap.add_argument("--out", default="workdir/bench_smollm2_step.json")
     args = ap.parse_args()
 
-    ceil_f32, ceil_bf16, bw = matmul_gflops(), bf16_matmul_gflops(), read_bandwidth_gbps()
+    ceil_f32, ceil_bf16, bw = matmul_gflops(), matmul_gflops(dtype=jnp.bfloat16), read_bandwidth_gbps()
     read = bw["best_gbps"]
     print(f"ceilings: f32 {ceil_f32:.0f} GFLOP/s, bf16 {ceil_bf16:.0f} GFLOP/s, read {read:.1f} GB/s")
     parts, facts = {}, {}

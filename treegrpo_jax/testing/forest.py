@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from treegrpo_jax.rl.batch import PathRow
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
 
 # The training reward takes these values (docs/DESIGN.md §1), so ties are frequent and exact.
@@ -63,4 +66,22 @@ def random_forest(rng, *, num_prompts: int, trees: int, branches: int, rounds: i
         random_tree(rng, prompt_id=1000 + 37 * p, tree_id=t, branches=branches, rounds=rounds, **kw)
         for p in range(num_prompts)
         for t in range(trees)
+    ]
+
+
+def random_path_rows(n: int, seq: int, vocab: int, *, prompt_len: int, seed: int = 0) -> list[PathRow]:
+    """`n` path rows of exactly `seq` random tokens: a `prompt_len`-token prompt (loss mask 0), then
+    model tokens; one prompt, two trees, rewards 0 / 1 alternating (benchmarks' train-step input)."""
+    rng = np.random.default_rng(seed)
+    mask = np.arange(seq) >= prompt_len
+    return [
+        PathRow(
+            tokens=rng.integers(0, vocab, seq).astype(np.int32),
+            loss_mask=mask,
+            sampler_logp=np.where(mask, -rng.random(seq), 0.0).astype(np.float32),
+            reward=float(i % 2),
+            prompt_id=0,
+            tree_id=i % 2,
+        )
+        for i in range(n)
     ]
