@@ -58,3 +58,35 @@ def test_decoder_hidden_with_the_fused_path_equals_dense(monkeypatch):
 def test_cudnn_only_on_gpu_with_half_precision():
     assert ca.implementation(jnp.bfloat16) == ("cudnn" if jax.default_backend() == "gpu" else "dense")
     assert ca.implementation(jnp.float32) == "dense"
+
+
+def test_the_train_step_on_path_rows_through_the_fused_path_equals_the_tree_mask(monkeypatch):
+    """What a GPU runs for path rows (`token_logprobs` with `CausalMask` → the fused call) against
+    the CPU path (the dense tree mask): the same loss and gradient step."""
+    from flax import nnx
+
+    from treegrpo_jax.model import decoder
+    from treegrpo_jax.rl import BatchLayout, LossConfig, OptimConfig, create_train_state
+    from treegrpo_jax.rl import train_step as train_step_module
+    from treegrpo_jax.rl.layouts import batch_from_trees
+    from treegrpo_jax.rl.train_step import jit_train_step
+    from treegrpo_jax.testing.forest import random_forest
+
+    model = init_model(CFG, seed=3)
+    trees = random_forest(np.random.default_rng(5), num_prompts=2, trees=2, branches=2, rounds=1, vocab=61)
+    optim = OptimConfig(learning_rate=1e-3, warmup_ratio=0.0, total_steps=10)
+    batch = batch_from_trees(trees, BatchLayout(length_buckets=(32, 64), row_multiple=2, kind="paths"))
+    out = {}
+    for fused in (False, True):
+        if fused:
+            monkeypatch.setattr(train_step_module, "causal_implementation", lambda dtype: "xla")
+            monkeypatch.setattr(decoder, "causal_implementation", lambda dtype: "xla")
+        step = jit_train_step(None, loss_cfg=LossConfig(entropy_coef=0.01), optim_cfg=optim)
+        params = jax.tree.map(jnp.copy, nnx.state(model))
+        state = create_train_state(nnx.merge(nnx.graphdef(model), params), optim)[0]
+        out[fused] = step(state, batch, jax.tree.map(jnp.copy, nnx.state(model)))
+    (s0, m0), (s1, m1) = out[False], out[True]
+    for key in ("loss", "pg_loss", "entropy", "kl", "logp_gap"):
+        np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)

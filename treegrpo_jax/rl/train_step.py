@@ -33,6 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from treegrpo_jax.model.causal_attention import implementation as causal_implementation
 from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules
 from treegrpo_jax.rl.batch import LayoutKind
 from treegrpo_jax.rl.layouts import StepBatch, step_batch_shardings
@@ -49,7 +50,9 @@ def _select(ok, new, old):
 
 def _logp(graphdef, params, mb: StepRows, chunk: int | None):
     model = nnx.merge(graphdef, params)
-    if mb.key_blocks is None:  # path rows: left-aligned chains, plain causal attention (cuDNN on GPU)
+    # Path rows are left-aligned chains: where a fused causal kernel runs (cuDNN: GPU, bf16) they
+    # take it; elsewhere they keep the tree-mask path below, so CPU results stay bit for bit.
+    if mb.key_blocks is None and causal_implementation(model.cfg.jnp_dtype) != "dense":
         return token_logprobs(model, mb.tokens, mb.positions, mb.segment > 0, chunk=chunk)
     layout = (mb.positions, mb.segment, mb.span_end, mb.prev)
     return tree_token_logprobs(model, mb.tokens, *layout, key_blocks=mb.key_blocks, chunk=chunk)
