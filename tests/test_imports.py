@@ -34,6 +34,13 @@ def test_a_name_loads_its_module_on_first_use():
     assert _loaded_after("from treegrpo_jax.model import load_gguf", ("gguf",)) == ["gguf"]
 
 
+def test_a_function_named_like_its_module_is_the_function():
+    from treegrpo_jax.rl import advantages, train_step
+
+    assert callable(train_step) and train_step.__module__ == "treegrpo_jax.rl.train_step"
+    assert advantages.__name__ == "treegrpo_jax.rl.advantages" and callable(advantages.compute)
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_public_name_resolves(package):
     module = importlib.import_module(f"treegrpo_jax.{package}")

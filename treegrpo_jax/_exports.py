@@ -16,13 +16,16 @@ from collections.abc import Callable
 
 def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable, Callable]:
     """(`__getattr__`, `__dir__`) for `package`; `names` maps each public name to the submodule
-    (relative to `package`) that defines it. A name mapped to itself is a submodule."""
+    (relative to `package`) that defines it, or to "" when the name *is* a submodule
+    (`rl.advantages`). A function named like its own module (`rl.train_step`) cannot be lazy:
+    importing the module binds the module as the package attribute, so such a package binds the
+    function eagerly after this call."""
 
     def __getattr__(name: str):
         if name not in names:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module = importlib.import_module(f"{package}.{names[name]}")
-        value = module if names[name] == name else getattr(module, name)
+        module = importlib.import_module(f"{package}.{names[name] or name}")
+        value = module if not names[name] else getattr(module, name)
         setattr(sys.modules[package], name, value)
         return value
 

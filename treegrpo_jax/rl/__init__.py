@@ -18,7 +18,7 @@ from treegrpo_jax._exports import lazy_exports
 
 _EXPORTS = {
     "Estimator": "advantages",
-    "advantages": "advantages",
+    "advantages": "",  # the module
     "with_advantages": "advantages",
     "BatchLayout": "batch",
     "LayoutKind": "batch",
@@ -60,3 +60,8 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+# `train_step` is both a module and its function. Importing the module binds the *module* as this
+# package's attribute (the import system does, whatever `__getattr__` says), so bind the function
+# now, as the eager `__init__` did (train_step pulls in no tokenizer or weight reader).
+from treegrpo_jax.rl.train_step import train_step  # noqa: E402, F401
