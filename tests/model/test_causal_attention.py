@@ -1,6 +1,8 @@
 """`CausalMask`: the fused-attention path (cuDNN on GPU; its XLA implementation here) against the
 decoder's dense causal mask, and the CPU path unchanged to the bit."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,24 +69,33 @@ def test_the_train_step_on_path_rows_through_the_fused_path_equals_the_tree_mask
 
     from treegrpo_jax.model import decoder
     from treegrpo_jax.rl import BatchLayout, LossConfig, OptimConfig, create_train_state
-    from treegrpo_jax.rl import train_step as train_step_module
     from treegrpo_jax.rl.layouts import batch_from_trees
     from treegrpo_jax.rl.train_step import jit_train_step
     from treegrpo_jax.testing.forest import random_forest
 
+    # The module (the package attribute `rl.train_step` is the function of that name).
+    train_step_module = importlib.import_module("treegrpo_jax.rl.train_step")
     model = init_model(CFG, seed=3)
     trees = random_forest(np.random.default_rng(5), num_prompts=2, trees=2, branches=2, rounds=1, vocab=61)
     optim = OptimConfig(learning_rate=1e-3, warmup_ratio=0.0, total_steps=10)
     batch = batch_from_trees(trees, BatchLayout(length_buckets=(32, 64), row_multiple=2, kind="paths"))
-    out = {}
+    out, calls = {}, []
     for fused in (False, True):
         if fused:
             monkeypatch.setattr(train_step_module, "causal_implementation", lambda dtype: "xla")
             monkeypatch.setattr(decoder, "causal_implementation", lambda dtype: "xla")
+            real = train_step_module.token_logprobs
+
+            def counted(*args, real=real, **kwargs):
+                calls.append(1)
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(train_step_module, "token_logprobs", counted)
         step = jit_train_step(None, loss_cfg=LossConfig(entropy_coef=0.01), optim_cfg=optim)
         params = jax.tree.map(jnp.copy, nnx.state(model))
         state = create_train_state(nnx.merge(nnx.graphdef(model), params), optim)[0]
         out[fused] = step(state, batch, jax.tree.map(jnp.copy, nnx.state(model)))
+    assert calls  # the fused branch was taken (traced) for path rows
     (s0, m0), (s1, m1) = out[False], out[True]
     for key in ("loss", "pg_loss", "entropy", "kl", "logp_gap"):
         np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
