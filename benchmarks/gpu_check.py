@@ -155,7 +155,7 @@ def part_exact(sizes: Sizes, args) -> dict:
         sampling=SamplingParams.make(1, temperature=0.0),
         keys=jax.random.split(jax.random.key(0), 1),
     )
-    toks, logps = res.row(0)
+    toks, logps, _ = res.row(0)
     full = _full_logprobs(model, prompt + toks)
     ref = full[np.arange(len(prompt) - 1, len(prompt) - 1 + len(toks)), toks]
     out["cached_vs_full"] = _check(

@@ -19,8 +19,10 @@ world: `:smollm2` (sized for a GPU: minutes there), `:smollm2,smoke` (1 SFT step
 evaluation questions: ≤ 3 min on a 2-core CPU).
 
 Variants by argument, comma-separated: `tiny`, `smollm2`, `smoke`, `chain` (GRPO baseline: M=4,
-N=0, L=0, estimator=grpo), `tree_m=4`, `tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`, e.g.
-`configs/multihop.py:tiny,chain`.
+N=0, L=0, estimator=grpo), `tree_m=4`, `tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`,
+`rule=uniform|entropy|last` (where branches start), `credit=sum|mean|sqrt` (shared-prefix credit),
+`hard` (after `tiny`: 5-hop questions and namesake distractor passages), e.g.
+`configs/multihop.py:tiny,chain` or `configs/multihop.py:tiny,hard,rule=entropy`.
 """
 
 from ml_collections import ConfigDict
@@ -77,7 +79,11 @@ def _paper() -> ConfigDict:
     # callable with fn="package.module:function" taking (step texts, golds) -> float.
     c.reward = ConfigDict(dict(kind="em_format", fn=""))
     c.observation = ConfigDict(dict(passage_tokens=160, max_tokens=500))  # per passage / whole observation
-    c.tree = ConfigDict(dict(num_trees=2, num_picks=2, num_rounds=1))  # M, N, L
+    # M, N, L, and where branches start: uniform (the paper) | entropy (ARPO-like, from the
+    # sampler's entropies; rule_tokens, rule_temperature) | last (the leaves' parents).
+    c.tree = ConfigDict(
+        dict(num_trees=2, num_picks=2, num_rounds=1, rule="uniform", rule_tokens=8, rule_temperature=0.5)
+    )
     # How rollouts drive the engine (BENCHMARKS.md §5 measured these on the :tiny workload).
     c.rollout = ConfigDict(
         dict(
@@ -105,6 +111,7 @@ def _paper() -> ConfigDict:
             kl_coef=0.001,  # β of the k3 KL to the frozen reference
             entropy_coef=0.001,  # entropy bonus (0 allowed)
             aggregation="token-mean",  # or "seq-mean-token-mean" (the paper's equation)
+            credit="sum",  # a prefix shared by n leaves: sum (the paper) | mean (ARPO) | sqrt (TreeRL)
             num_minibatches=8,  # 512 prompts / 64-prompt mini-batches
             num_microbatches=8,  # gradient accumulation inside a mini-batch
             length_buckets=(1024, 2048, 4096),  # padded row lengths (few shapes, few compiles)
@@ -230,6 +237,19 @@ def _smollm2(c: ConfigDict) -> ConfigDict:
     return c
 
 
+def _hard(c: ConfigDict) -> ConfigDict:
+    """The harder world (issue 20): 5-hop questions and namesake passages (`WorldConfig.distractors`),
+    so a cold start has more left to learn. On top of `:tiny`: 600 questions per hop count (2,700
+    train / 300 test), one more search allowed, every train question demonstrated."""
+    c.data.world = dict(
+        seed=0, questions_per_hop=(600, 600, 600, 600, 600), test_fraction=0.1, distractors=0.5
+    )
+    c.data.eval_prompts = 300
+    c.agent.update(max_tool_calls=5, max_turns=6)
+    c.sft.demonstrations = 2700
+    return c
+
+
 def _smoke(c: ConfigDict) -> ConfigDict:
     """The whole pipeline once, as small as it goes: 1 SFT step, 1 RL step, 4 evaluation
     questions (the `:smollm2,smoke` test; ≤ 3 min on a 2-core CPU)."""
@@ -254,6 +274,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
             c = _smollm2(c)
         elif name == "smoke":
             c = _smoke(c)
+        elif name == "hard":
+            c = _hard(c)
+        elif name == "rule":
+            c.tree.rule = value
+        elif name == "credit":
+            c.rl.credit = value
         elif name == "chain":  # the GRPO baseline: 4 chains, the group z-score (not intra + inter)
             c.tree.update(num_trees=4, num_picks=0, num_rounds=0)
             c.rl.estimator = "grpo"
@@ -264,6 +290,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
         else:
             raise ValueError(
                 f"configs/multihop.py: unknown variant {part!r} "
-                "(tiny, smollm2, smoke, chain, tree_m=, tree_n=, tree_l=, estimator=)"
+                "(tiny, smollm2, smoke, hard, chain, tree_m=, tree_n=, tree_l=, estimator=, rule=, credit=)"
             )
     return c

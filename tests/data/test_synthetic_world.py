@@ -23,9 +23,23 @@ SMALL = WorldConfig(
 )
 
 
+# The `:tiny,hard` world's knobs: 5-hop questions and namesake distractors.
+HARD = WorldConfig(questions_per_hop=(150, 150, 150, 150, 150), distractors=0.5)
+
+
 @pytest.fixture(scope="module")
 def world():
     return build_world(WorldConfig())  # the default sizes, as the tiny config uses them
+
+
+@pytest.fixture(scope="module")
+def hard_world():
+    return build_world(HARD)
+
+
+@pytest.fixture(scope="module", params=["default", "hard"])
+def any_world(request, world, hard_world):
+    return world if request.param == "default" else hard_world
 
 
 def _all_rows(world):
@@ -101,7 +115,8 @@ def _whole_word(text, phrase):
     return re.search(rf"(?<!\w){re.escape(phrase.lower())}(?!\w)", text.lower()) is not None
 
 
-def test_gold_paths_follow_relations_and_count_hops(world):
+def test_gold_paths_follow_relations_and_count_hops(any_world):
+    world = any_world
     for row in _all_rows(world):
         assert row.data_source == f"synthetic_{row.hops}hop"
         assert len(row.gold_queries) == len(row.gold_entities) == row.hops
@@ -123,7 +138,8 @@ def test_gold_paths_follow_relations_and_count_hops(world):
             assert _whole_word(world.passages[entity.index], found)  # the hop's passage holds it
 
 
-def test_no_shortcuts_multi_hop_answers_not_in_earlier_passages(world):
+def test_no_shortcuts_multi_hop_answers_not_in_earlier_passages(any_world):
+    world = any_world
     multi = [r for r in _all_rows(world) if r.hops > 1]
     assert multi
     for row in multi:
@@ -135,7 +151,8 @@ def test_no_shortcuts_multi_hop_answers_not_in_earlier_passages(world):
         assert len(set(row.gold_queries) | {row.golden_answers[0]}) == row.hops + 1  # no cycles
 
 
-def test_relations_are_consistent_with_kinds_and_dates(world):
+def test_relations_are_consistent_with_kinds_and_dates(any_world):
+    world = any_world
     for e in world.entities:
         for relation, target in e.relations.items():
             assert (e.kind, world.entities[target].kind) == LINKS[relation]
@@ -154,7 +171,8 @@ def test_relations_are_consistent_with_kinds_and_dates(world):
 
 
 @pytest.mark.parametrize("stopwords", [None, "en"])
-def test_bm25_with_the_entity_name_ranks_its_passage_first(world, stopwords):
+def test_bm25_with_the_entity_name_ranks_its_passage_first(any_world, stopwords):
+    world = any_world
     retriever = bm25s.BM25()
     retriever.index(
         bm25s.tokenize(list(world.passages), stopwords=stopwords, show_progress=False), show_progress=False
@@ -197,7 +215,10 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="num_cities"):
         WorldConfig(num_countries=5, num_cities=4)
     with pytest.raises(ValueError, match="questions_per_hop"):
-        WorldConfig(questions_per_hop=(1, 1, 1, 1, 1))
+        WorldConfig(questions_per_hop=(1, 1, 1, 1, 1, 1))
+    for bad in (-0.1, 1.5, "half", True):
+        with pytest.raises(ValueError, match="distractors"):
+            WorldConfig(distractors=bad)
     with pytest.raises(ValueError, match="test_fraction"):
         WorldConfig(test_fraction=1.0)
     tiny = WorldConfig(
@@ -210,3 +231,57 @@ def test_config_errors_name_the_field():
     )
     with pytest.raises(ValueError, match="questions_per_hop: found only"):
         build_world(tiny)
+
+
+def test_namesakes_share_one_name_word_and_like_facts_and_leave_the_rest_unchanged(world, hard_world):
+    base = len(world.entities)
+    # Everything the default world has is there, unchanged: namesakes come after it.
+    for a, b in zip(world.entities, hard_world.entities[:base], strict=False):
+        assert (a.name, dict(a.attributes), dict(a.relations)) == (
+            b.name,
+            dict(b.attributes),
+            dict(b.relations),
+        )
+    assert hard_world.passages[:base] == world.passages
+    namesakes = hard_world.entities[base:]
+    assert len(namesakes) == sum(HARD.num_namesakes) == 145  # half of 150 people, 40 orgs, 100 works
+    originals = {e.name: e for e in world.entities}
+    for e in namesakes:
+        words = set(_invented_words(e))
+        twins = [o for o in world.entities if o.kind is e.kind and words & set(_invented_words(o))]
+        assert len(twins) == 1, e.name  # exactly one original shares a name word
+        (twin,) = twins
+        assert e.name not in originals and len(words & set(_invented_words(twin))) == 1
+        country = lambda city: hard_world.entities[city].relations["country"]  # noqa: E731
+        if e.kind is Kind.PERSON:
+            assert e.attributes["occupation"] == twin.attributes["occupation"]
+            assert abs(int(e.attributes["birth_year"]) - int(twin.attributes["birth_year"])) <= 10
+            assert country(e.relations["born_in"]) == country(twin.relations["born_in"])
+        elif e.kind is Kind.ORGANISATION:
+            assert country(e.relations["based_in"]) == country(twin.relations["based_in"])
+        else:
+            assert e.attributes["genre"] == twin.attributes["genre"]
+            assert e.relations["publisher"] == twin.relations["publisher"]
+        assert e.index not in {
+            t for x in hard_world.entities for t in x.relations.values()
+        }  # nothing points here
+
+
+def test_the_hard_world_asks_five_hops_and_a_partial_name_finds_a_namesake(hard_world):
+    five = [r for r in _all_rows(hard_world) if r.hops == 5]
+    assert len(five) == 150 and all(len(r.gold_queries) == 5 for r in five)
+    # A query with one word of a person's name: BM25 cannot tell them from their namesake.
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(list(hard_world.passages), show_progress=False), show_progress=False)
+    base = len(hard_world.entities) - sum(HARD.num_namesakes)
+    people = [e for e in hard_world.entities[base:] if e.kind is Kind.PERSON]
+    shared = []
+    for e in people:
+        (word,) = {w for w in e.name.split()} & {
+            w for o in hard_world.entities[:base] if o.kind is Kind.PERSON for w in o.name.split()
+        }
+        shared.append(word)
+    results, _ = retriever.retrieve(bm25s.tokenize(shared, show_progress=False), k=2, show_progress=False)
+    idx = np.asarray([e.index for e in people])
+    assert np.mean((results == idx[:, None]).any(-1)) == 1.0  # the namesake is among the top 2 ...
+    assert 0.2 < np.mean(results[:, 0] == idx) < 0.8  # ... and first about half the time

@@ -25,10 +25,14 @@ LOGP_OLD = (-RNG.random((4, 5)) * 2).astype(np.float32)
 LOGP = (LOGP_OLD + np.log(RATIO)).astype(np.float32)
 REF = (LOGP + RNG.normal(size=(4, 5)) * 0.3).astype(np.float32)
 ENT = (RNG.random((4, 5)) * 3).astype(np.float32)
+# Leaves of the tree through each token (the shared-prefix credit's n_t): row 0's first two model
+# tokens are shared by 4 leaves, row 1's first by 2; the rest are on one path only.
+SHARED = np.array([[4, 4, 4, 1, 1], [2, 2, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]], np.float32)
+CREDIT = {"sum": lambda n: 1.0, "mean": lambda n: 1.0 / n, "sqrt": lambda n: 1.0 / float(np.sqrt(n))}
 
 
-def _direct_token_loss(logp, i, t):
-    """The per-token loss written piecewise (not as verl's max/min chain)."""
+def _direct_token_loss(logp, i, t, credit="sum"):
+    """The per-token loss written piecewise (not as verl's max/min chain), times the credit."""
     a, r = ADV[i], jnp.exp(logp[i, t] - LOGP_OLD[i, t])
     if a > 0:
         pg = -a * jnp.minimum(r, 1 + EPS_HIGH)
@@ -37,24 +41,25 @@ def _direct_token_loss(logp, i, t):
     else:
         pg = 0.0 * r
     d = REF[i, t] - logp[i, t]
-    return pg + BETA * (jnp.exp(d) - d - 1) - ALPHA * ENT[i, t]
+    return CREDIT[credit](SHARED[i, t]) * (pg + BETA * (jnp.exp(d) - d - 1) - ALPHA * ENT[i, t])
 
 
-def _direct(logp, aggregation, num_tokens, num_rows):
+def _direct(logp, aggregation, num_tokens, num_rows, credit="sum"):
     if aggregation == "token-mean":
-        terms = [_direct_token_loss(logp, i, t) for i in range(4) for t in range(5) if MASK[i, t]]
+        terms = [_direct_token_loss(logp, i, t, credit) for i in range(4) for t in range(5) if MASK[i, t]]
         return sum(terms) / num_tokens
     rows = []
     for i in range(4):
-        terms = [_direct_token_loss(logp, i, t) for t in range(5) if MASK[i, t]]
+        terms = [_direct_token_loss(logp, i, t, credit) for t in range(5) if MASK[i, t]]
         if terms:
             rows.append(sum(terms) / len(terms))
     return sum(rows) / num_rows
 
 
+@pytest.mark.parametrize("credit", ["sum", "mean", "sqrt"])
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("scale", [1.0, 3.0])  # a larger (mini-batch) normaliser scales the loss
-def test_loss_matches_direct_formula_every_branch(aggregation, scale):
+def test_loss_matches_direct_formula_every_branch(aggregation, scale, credit):
     cfg = LossConfig(
         eps_low=EPS_LOW,
         eps_high=EPS_HIGH,
@@ -62,17 +67,24 @@ def test_loss_matches_direct_formula_every_branch(aggregation, scale):
         kl_coef=BETA,
         entropy_coef=ALPHA,
         aggregation=aggregation,
+        credit=credit,
     )
     n_tok, n_rows = MASK.sum() * scale, 3.0 * scale
 
     def ours(logp):
-        weights = row_weights(jnp.asarray(ADV), jnp.asarray(MASK), cfg.aggregation)
+        weights = row_weights(
+            jnp.asarray(ADV),
+            jnp.asarray(MASK),
+            cfg.aggregation,
+            shared=jnp.asarray(SHARED),
+            credit=cfg.credit,
+        )
         return policy_loss(
             logp, LOGP_OLD, REF, jnp.asarray(ENT), weights, cfg=cfg, num_tokens=n_tok, num_rows=n_rows
         )
 
     (loss, aux), grad = jax.value_and_grad(ours, has_aux=True)(jnp.asarray(LOGP))
-    want, want_grad = jax.value_and_grad(lambda lp: _direct(lp, aggregation, n_tok, n_rows))(
+    want, want_grad = jax.value_and_grad(lambda lp: _direct(lp, aggregation, n_tok, n_rows, credit))(
         jnp.asarray(LOGP)
     )
     np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
@@ -86,7 +98,7 @@ def test_loss_matches_direct_formula_every_branch(aggregation, scale):
     np.testing.assert_allclose(aux.sums["ratio_mean"], model_ratios.sum() / n_tok, rtol=1e-5)
     # The clipped tokens carry no policy gradient: only the KL term moves them.
     d = REF - LOGP
-    kl_grad = BETA * (1 - np.exp(d)) * MASK / n_tok
+    kl_grad = BETA * (1 - np.exp(d)) * MASK / n_tok * np.vectorize(CREDIT[credit])(SHARED)
     if aggregation == "token-mean":
         for i, t in [(0, 2), (1, 1), (1, 2)]:
             np.testing.assert_allclose(grad[i, t], kl_grad[i, t], rtol=1e-4, atol=1e-7)
@@ -115,6 +127,7 @@ def test_entropy_coef_zero_has_no_entropy_gradient_and_sft_is_nll():
         ("aggregation", "token-sum"),
         ("estimator", "chain"),
         ("mode", "dpo"),
+        ("credit", "median"),
     ],
 )
 def test_config_errors_name_the_field(field, value):

@@ -215,6 +215,12 @@ CONFIGS = [
     LossConfig(dual_clip=None, kl_coef=0.05),
     LossConfig(mode="sft", kl_coef=0.0, entropy_coef=0.0),
     LossConfig(mode="sft", kl_coef=0.0, entropy_coef=0.0, aggregation="seq-mean-token-mean"),
+    # Shared-prefix credit (token_weights.Credit): the packed sums scale by the whole tree's leaf
+    # counts, also on the trees split into several units.
+    LossConfig(credit="mean", kl_coef=0.05, entropy_coef=0.01),
+    LossConfig(credit="sqrt", aggregation="seq-mean-token-mean", kl_coef=0.05, entropy_coef=0.01),
+    LossConfig(credit="mean", estimator="grpo", aggregation="seq-mean-token-mean"),
+    LossConfig(credit="sqrt", estimator="intra"),
 ]
 
 
@@ -289,7 +295,10 @@ def test_log_probs_of_every_token_equal_between_layouts(both_layouts):
 
 
 def _id(c: LossConfig) -> str:
-    return f"{c.mode}-{c.estimator}-{c.aggregation}-kl{c.kl_coef}-ent{c.entropy_coef}-dual{c.dual_clip}"
+    return (
+        f"{c.mode}-{c.estimator}-{c.aggregation}-kl{c.kl_coef}-ent{c.entropy_coef}-dual{c.dual_clip}"
+        f"-{c.credit}"
+    )
 
 
 @pytest.mark.parametrize("i", range(len(CONFIGS)), ids=[_id(c) for c in CONFIGS])
@@ -317,12 +326,13 @@ def test_loss_and_every_gradient_leaf_equal_between_layouts(both_layouts, i):
 
 
 # ------------------------------------------------------------------- the jitted step
-def test_train_step_packed_equals_paths(tiny_model):
+@pytest.mark.parametrize("credit", ["sum", "mean"])
+def test_train_step_packed_equals_paths(tiny_model, credit):
     """Two mini-batches (the second one's logp_old from the pre-update params), micro-batch
     accumulation, KL and entropy on: the packed step updates the parameters like the paths step."""
     trees = _forest(seed=7)
     optim = OptimConfig(learning_rate=1e-3, warmup_ratio=0.0, total_steps=10, eps=1e-3)
-    loss_cfg = LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.05, entropy_coef=0.01)
+    loss_cfg = LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.05, entropy_coef=0.01, credit=credit)
     layout = BatchLayout(num_minibatches=2, num_microbatches=2, length_buckets=(32, 64, 128), row_multiple=2)
     ref = jax.jit(lambda p: jax.tree.map(lambda x: x * 1.2, p))(nnx.state(tiny_model))
     step = jit_train_step(None, loss_cfg=loss_cfg, optim_cfg=optim, logprob_chunk=8)

@@ -1,4 +1,5 @@
-"""The O(V) sampling kernel against the sort-based XLA reference (same tokens, same log-probs)."""
+"""The O(V) sampling kernel against the sort-based XLA reference (same tokens, same log-probs,
+same entropies), and both against plain NumPy."""
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,8 @@ def test_native_draws_the_reference_tokens(vocab):
     mismatches = near_boundary = 0
     for d in range(draws):
         keys = jax.random.split(jax.random.key(100 + d), n)
-        (t_ref, lp_ref), (t_nat, lp_nat) = ref(logits, keys, params), nat(logits, keys, params)
+        (t_ref, lp_ref, h_ref), (t_nat, lp_nat, h_nat) = ref(logits, keys, params), nat(logits, keys, params)
+        np.testing.assert_allclose(np.asarray(h_nat), np.asarray(h_ref), atol=2e-5, rtol=1e-5)
         t_ref, t_nat = np.asarray(t_ref), np.asarray(t_nat)
         differ = t_ref != t_nat
         if differ.any():
@@ -70,11 +72,31 @@ def test_greedy_rows_take_the_first_maximum():
     logits = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [-2.0, -1.0, -3.0, -1.0]])
     params = SamplingParams.make(3, greedy=True)
     keys = jax.random.split(jax.random.key(0), 3)
-    tokens, logp = sample(logits, keys, params, kernels=Kernels.NATIVE)
+    tokens, logp, _ = sample(logits, keys, params, kernels=Kernels.NATIVE)
     np.testing.assert_array_equal(np.asarray(tokens), [1, 0, 1])
     np.testing.assert_array_equal(np.asarray(first_argmax(logits)), np.argmax(np.asarray(logits), -1))
     want = jax.nn.log_softmax(logits, -1)[jnp.arange(3), tokens]
     np.testing.assert_allclose(np.asarray(logp), np.asarray(want), atol=1e-6)
+
+
+@pytest.mark.parametrize("kernels", [Kernels.XLA, Kernels.NATIVE])
+def test_entropy_is_that_of_the_tempered_unfiltered_distribution(kernels):
+    """H = -Σ p log p of softmax(logits / T) in float64 NumPy, whatever top-k / top-p / greedy
+    (the distribution the log-probs are recorded under); 0 for a one-hot row, log V for a flat one."""
+    n, v = 32, 300
+    logits = _rows(7, n, v)
+    params = _knobs(n)
+    keys = jax.random.split(jax.random.key(1), n)
+    _, _, h = jax.jit(lambda x, k, p: sample(x, k, p, kernels=kernels))(logits, keys, params)
+    x = np.asarray(logits, np.float64) / np.asarray(params.temperature, np.float64)[:, None]
+    logp = x - x.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    want = -(np.exp(logp) * logp).sum(-1)
+    np.testing.assert_allclose(np.asarray(h), want, atol=5e-5, rtol=1e-5)
+    assert want.min() < 0.5 and want.max() > 4.0  # peaked and flat rows both present
+    flat = jnp.zeros((2, v)).at[1, 0].set(1e9)  # a flat row, and a one-hot row
+    _, _, h2 = sample(flat, keys[:2], SamplingParams.make(2), kernels=kernels)
+    np.testing.assert_allclose(np.asarray(h2), [np.log(v), 0.0], atol=1e-5)
 
 
 def _golden(row, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -119,7 +141,7 @@ def test_sampling_matches_the_categorical_distribution(kernels):
     n = 20000
     keys = jax.random.split(jax.random.key(0), n * len(knobs)).reshape(n, len(knobs))
     draw = jax.jit(jax.vmap(lambda k, x, p: sample(x, k, p, kernels=kernels), in_axes=(0, None, None)))
-    tokens, _ = draw(keys, logits, params)
+    tokens, _, _ = draw(keys, logits, params)
     for r, (temperature, top_k, top_p) in enumerate(knobs):
         freq = np.bincount(np.asarray(tokens[:, r]), minlength=6) / n
         want = _golden(row, temperature, top_k, top_p)

@@ -102,10 +102,16 @@ def _assert_same(ref, ours, logp_atol=0.0):
         if not logp_atol:
             assert o == r
             continue
-        strip = lambda t: [{k: v for k, v in n.items() if k != "logprobs"} for n in t["nodes"]]  # noqa: E731
+        floats = ("logprobs", "entropies")
+
+        def strip(t, floats=floats):
+            return [{k: v for k, v in n.items() if k not in floats} for n in t["nodes"]]
+
         assert strip(o) == strip(r)
         for a, b in zip(o["nodes"], r["nodes"], strict=True):
             np.testing.assert_allclose(a["logprobs"], b["logprobs"], rtol=0, atol=logp_atol)
+            # An entropy sums V terms of the same logits: its rounding scales with its size (~log V).
+            np.testing.assert_allclose(a["entropies"], b["entropies"], rtol=logp_atol, atol=logp_atol)
     for k in _SAME_STATS:
         assert getattr(our_stats, k) == getattr(ref_stats, k), k
 
@@ -129,6 +135,23 @@ def test_scheduler_trees_equal_lockstep_markov_agent(
     assert st.tool_calls > 0 and st.invalid_steps > 0 and st.capped_steps > 0
     kinds = {n["kind"] for t in ref[0] for n in t["nodes"]}
     assert {"search", "answer", "invalid"} <= kinds
+
+
+@pytest.mark.parametrize("rule", ["entropy", "last"])
+def test_branching_rules_grow_the_same_trees_in_both_drivers(markov, env, world, rule):
+    """A weighted rule reads the trees' recorded entropies / leaves: the scheduler, which finishes
+    steps in another order, still picks what the lock-step loop picks (two rounds)."""
+    search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=2, rule=rule, rule_temperature=0.3)
+    rows = list(world.train[:4])
+    ref = _run(markov, env, rows, search, AGENT, LOCKSTEP, slots=20, key=3)
+    ours = _run(
+        markov, env, rows, search, AGENT, SchedulerConfig(quantum=4, exit_fraction=0.5), slots=20, key=3
+    )
+    _assert_same(ref, ours)
+    uniform = _run(
+        markov, env, rows, dataclasses.replace(search, rule="uniform"), AGENT, LOCKSTEP, slots=20, key=3
+    )
+    assert uniform[0] != ref[0]  # the rule changed where branches start
 
 
 @pytest.mark.parametrize("kernels", [Kernels.NATIVE, Kernels.XLA])
@@ -368,7 +391,7 @@ def test_a_step_split_into_quanta_is_the_same_step(markov, env):
             )
             nxt = []
             for i, s in enumerate(live):
-                t, lp = res.row(i)
+                t, lp, _ = res.row(i)
                 toks[s] += t
                 logp[s] += lp
                 if res.hit_eos[i] or res.hit_stop[i] or len(toks[s]) >= 12:

@@ -106,19 +106,23 @@ def test_a_prompts_trees_do_not_depend_on_its_batch(model, env, world):
 
 
 def test_sampler_logprobs_equal_teacher_forced_recompute(model, env, world):
-    """Every token of every leaf path, forked caches included, has the log-prob a full forward gives."""
+    """Every token of every leaf path, forked caches included, has the log-prob (and the sampler
+    entropy, which the `entropy` branching rule reads) that a full forward gives."""
     search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
     agent = dataclasses.replace(AGENT, temperature=0.8)
     trees, _ = rollout(_engine(model, env, 6), env, world.train[:1], search, agent, key=jax.random.key(5))
     checked = 0
     for tree in trees:
-        for _leaf, tokens, mask, logp in tree.leaf_paths():
+        for leaf, tokens, mask, logp in tree.leaf_paths():
             logits = full_logits(model, tokens, pad_to=512)
-            ref = jax.nn.log_softmax(logits[:-1] / 0.8, axis=-1)[
-                jnp.arange(len(tokens) - 1), np.asarray(tokens[1:])
-            ]
+            full = jax.nn.log_softmax(logits[:-1] / 0.8, axis=-1)
+            ref = full[jnp.arange(len(tokens) - 1), np.asarray(tokens[1:])]
+            ent = -jnp.sum(jnp.exp(full) * full, axis=-1)
             m = np.asarray(mask[1:], bool)
             np.testing.assert_allclose(np.asarray(logp[1:])[m], np.asarray(ref)[m], atol=2e-4)
+            recorded = [h for n in tree.path(leaf.node_id) for h in n.entropies]
+            assert len(recorded) == int(m.sum())
+            np.testing.assert_allclose(recorded, np.asarray(ent)[m], atol=2e-4)
             checked += int(m.sum())
     assert checked > 50
 

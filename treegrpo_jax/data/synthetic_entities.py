@@ -12,6 +12,14 @@ composed question has exactly one answer:
 Dates are kept plausible (an organisation is founded after its founder's birth, a work is published
 after its author's birth and after its publisher's founding) so that the text reads like a history.
 
+Distractors (`WorldConfig.distractors`, off by default): a share of the people, organisations and
+works get a *namesake*, an entity of the same kind whose name shares one word with theirs ("Kelo
+Varndi" / "Kelo Tarvim", "the Drima Guild" / "the Drima Press", "The Bells of Tovar" / "The Songs of
+Tovar") and whose facts are alike (the same occupation or genre, a birthplace or seat in the same
+country, a year close by). A search that drops or garbles a word of the name then finds a
+plausible passage with the wrong facts. Namesakes come after all other entities and relate to them
+(nothing relates to a namesake), so the world without them is unchanged, byte for byte.
+
 A passage is the entity's name on the first line, then three or four sentences that each contain
 the name (so BM25 with the name as the query ranks it first) and state the entity's own attributes
 and relations. Other passages mention a name only where they relate to it, once.
@@ -27,7 +35,19 @@ from collections.abc import Mapping
 
 from treegrpo_jax.data.synthetic_names import NameWords, template_words
 
-__all__ = ["ATTRIBUTES", "LINKS", "Entity", "Kind", "WorldConfig", "make_entities", "render_passage"]
+__all__ = [
+    "ATTRIBUTES",
+    "LINKS",
+    "MAX_HOPS",
+    "Entity",
+    "Kind",
+    "WorldConfig",
+    "make_entities",
+    "render_passage",
+]
+
+# The longest question the world composes: 5 hops (searches) at most.
+MAX_HOPS = 5
 
 
 class Kind(enum.Enum):
@@ -171,8 +191,9 @@ class WorldConfig:
     Attributes:
         seed: fixes every name, fact, passage and question.
         num_countries / num_cities / num_people / num_organisations / num_works: entity counts.
-        questions_per_hop: how many questions with 1, 2, ... hops (length 1 to 4).
+        questions_per_hop: how many questions with 1, 2, ... hops (length 1 to `MAX_HOPS`).
         test_fraction: share of each hop count's questions that go to `test.jsonl`.
+        distractors: share (0 to 1) of the people, organisations and works given a namesake.
     """
 
     seed: int = 0
@@ -183,6 +204,7 @@ class WorldConfig:
     num_works: int = 100
     questions_per_hop: tuple[int, ...] = (800, 800, 800, 800)
     test_fraction: float = 0.1
+    distractors: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -199,22 +221,36 @@ class WorldConfig:
         counts = self.questions_per_hop
         if (
             not isinstance(counts, tuple)
-            or not 1 <= len(counts) <= 4
+            or not 1 <= len(counts) <= MAX_HOPS
             or any(not isinstance(c, int) or c < 0 for c in counts)
             or sum(counts) == 0
         ):
             raise ValueError(
-                f"WorldConfig.questions_per_hop must be a tuple of 1 to 4 non-negative ints "
+                f"WorldConfig.questions_per_hop must be a tuple of 1 to {MAX_HOPS} non-negative ints "
                 f"(1-hop first) with a positive sum, got {counts!r}"
             )
         if not 0.0 <= self.test_fraction < 1.0:
             raise ValueError(f"WorldConfig.test_fraction must be in [0, 1), got {self.test_fraction!r}")
+        d = self.distractors
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0.0 <= d <= 1.0:
+            raise ValueError(f"WorldConfig.distractors must be a number in [0, 1], got {d!r}")
+
+    @property
+    def num_namesakes(self) -> tuple[int, int, int]:
+        """Namesakes of people, organisations and works."""
+        counts = (self.num_people, self.num_organisations, self.num_works)
+        return tuple(round(self.distractors * n) for n in counts)
 
     @property
     def num_entities(self) -> int:
         """Total entities (= passages)."""
         return (
-            self.num_countries + self.num_cities + self.num_people + self.num_organisations + self.num_works
+            self.num_countries
+            + self.num_cities
+            + self.num_people
+            + self.num_organisations
+            + self.num_works
+            + sum(self.num_namesakes)
         )
 
 
@@ -344,7 +380,67 @@ def make_entities(cfg: WorldConfig) -> tuple[Entity, ...]:
         attributes = {"genre": genres[i], "publication_year": str(work_years[i])}
         add(Kind.WORK, name, attributes, {"author": person0 + authors[i], "publisher": org0 + publishers[i]})
     assert len(entities) == work0 + cfg.num_works
+    _add_namesakes(cfg, entities, names, add)
     return tuple(entities)
+
+
+def _add_namesakes(cfg: WorldConfig, entities: list[Entity], names: NameWords, add) -> None:
+    """Appends the namesakes (`WorldConfig.distractors`): same kind, one name word shared, like facts.
+
+    They draw from their own stream, after every other name, so the rest of the world is the same
+    with or without them.
+    """
+    if not any(cfg.num_namesakes):
+        return
+    rng = random.Random(f"{cfg.seed}:namesakes")
+    by_kind = {kind: [e for e in entities if e.kind is kind] for kind in Kind}
+    cities_in = {}
+    for city in by_kind[Kind.CITY]:
+        cities_in.setdefault(city.relations["country"], []).append(city.index)
+
+    def near_city(city: int) -> int:  # another city of the same country when it has one
+        same = [c for c in cities_in[entities[city].relations["country"]] if c != city]
+        return rng.choice(same) if same else city
+
+    def other(kind: Kind, index: int) -> int:
+        return rng.choice([e.index for e in by_kind[kind] if e.index != index])
+
+    kinds = (Kind.PERSON, Kind.ORGANISATION, Kind.WORK)
+    for kind, count in zip(kinds, cfg.num_namesakes, strict=True):
+        for original in rng.sample(by_kind[kind], count):
+            a, r = dict(original.attributes), dict(original.relations)
+            if kind is Kind.PERSON:
+                first, last = original.name.split(" ")
+                new = names.draw(2, 2)
+                name = f"{first} {new}" if rng.random() < 0.5 else f"{new} {last}"
+                a["birth_year"] = str(int(a["birth_year"]) + rng.randint(-10, 10))
+                r = {
+                    "born_in": near_city(r["born_in"]),
+                    "member_of": other(Kind.ORGANISATION, r["member_of"]),
+                }
+            elif kind is Kind.ORGANISATION:
+                word, org_type = original.name.split(" ")
+                name = f"{word} {rng.choice([t for t in _ORG_TYPES if t != org_type])}"
+                founder = other(Kind.PERSON, r["founder"])
+                a["founding_year"] = str(
+                    int(entities[founder].attributes["birth_year"]) + rng.randint(25, 60)
+                )
+                r = {"founder": founder, "based_in": near_city(r["based_in"])}
+            else:
+                noun = original.name.split(" ")[1]
+                name = original.name.replace(
+                    f"The {noun} of", f"The {rng.choice([n for n in _TITLE_NOUNS if n != noun])} of"
+                )
+                author = other(Kind.PERSON, r["author"])
+                year = max(
+                    int(entities[author].attributes["birth_year"]) + rng.randint(20, 70),
+                    int(entities[r["publisher"]].attributes["founding_year"]) + 1,
+                )
+                a["publication_year"] = str(year)
+                r = {"author": author, "publisher": r["publisher"]}
+            # Unique by construction: each original is drawn once and its own words are unique.
+            assert all(e.name != name for e in entities), name
+            add(kind, name, a, r)
 
 
 def _with_article(noun: str) -> str:

@@ -1,7 +1,8 @@
 """Invented words for the synthetic world's names, built from syllables.
 
 Every entity name is made of one or two invented words that no other name shares, so a search for
-a name has exactly one passage that mentions it many times. Beyond being distinct, no word is a
+a name has exactly one passage that mentions it many times (namesakes, `WorldConfig.distractors`,
+share one word on purpose; the whole name stays unique). Beyond being distinct, no word is a
 substring of another word or of an ordinary word in the world's templates: then string checks
 such as "the answer does not appear in this passage" cannot fire on a piece of a longer word, and
 BM25 (which splits on word boundaries) sees each name as its own rare tokens.

@@ -18,7 +18,8 @@ Command line:
 
 Default sizes (seed 0): 350 entities (10 countries, 50 cities, 150 people, 40 organisations, 100 works)
 = 350 passages; 800 questions per hop count (1-4 hops), 10% of each to test: 2,880 train and 320
-test questions. Generation takes well under a second.
+test questions. Generation takes well under a second. The harder knobs: `questions_per_hop` of
+length 5 (5-hop questions) and `distractors` (namesake passages, `synthetic_entities.py`).
 """
 
 from __future__ import annotations
@@ -179,10 +180,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: writes the world and prints its sizes."""
     out, cfg = _parse_args(argv)
     world = write_world(cfg, out)
-    hops = [sum(row.hops == h for row in world.train + world.test) for h in range(1, 5)]
+    k = len(cfg.questions_per_hop)
+    hops = [sum(row.hops == h for row in world.train + world.test) for h in range(1, k + 1)]
     print(
         f"wrote {out}: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test "
-        f"questions (1-4 hops: {hops})"
+        f"questions (1-{k} hops: {hops})"
     )
 
 

@@ -135,7 +135,7 @@ float KthLargest(const float* x, int64_t V, float hi, float lo, int32_t k, Scrat
   return s.members[nth];
 }
 
-void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
+void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp, float* entropy) {
   const int64_t V = r.V;
   s.x.resize(V);
   s.e.resize(V);
@@ -156,6 +156,11 @@ void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
     zd += e[i];
   }
   const float z = static_cast<float>(zd);
+  // Entropy of the same distribution: log Z - Σ e·(x - hi) / Z (before filtering zeroes e).
+  double wd = 0.0;
+#pragma omp simd reduction(+ : wd)
+  for (int64_t i = 0; i < V; ++i) wd += static_cast<double>(e[i]) * static_cast<double>(x[i] - hi);
+  *entropy = static_cast<float>(std::log(zd) - wd / zd);
   int32_t tok = 0;
   if (r.greedy) {  // the first maximum of the raw logits (as argmax): a vector max, then a scan
     const float best = treegrpo::MaxOf(raw, V);
@@ -205,7 +210,7 @@ void SampleRow(const Row& r, Scratch& s, int32_t* token, float* logp) {
 ffi::Error Sample(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> temperature,
                   ffi::Buffer<ffi::F32> top_p, ffi::Buffer<ffi::S32> top_k, ffi::Buffer<ffi::PRED> greedy,
                   ffi::Buffer<ffi::F32> u, ffi::ResultBuffer<ffi::S32> tokens,
-                  ffi::ResultBuffer<ffi::F32> logps) {
+                  ffi::ResultBuffer<ffi::F32> logps, ffi::ResultBuffer<ffi::F32> entropies) {
   // Any leading dims are rows (vmap adds one): [..., V] logits, [...] per-row arrays.
   const auto d = logits.dimensions();
   if (d.size() < 1 || d.back() <= 0) return ffi::Error::InvalidArgument("sample: logits must be [..., V], V > 0");
@@ -222,9 +227,11 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffe
   const float* us = u.typed_data();
   int32_t* out_tok = tokens->typed_data();
   float* out_logp = logps->typed_data();
+  float* out_ent = entropies->typed_data();
   treegrpo::ParallelFor(pool, B, [&](int64_t b) {
     thread_local Scratch scratch;
-    SampleRow(Row{xs + b * V, V, ts[b], ps[b], ks[b], gs[b], us[b]}, scratch, out_tok + b, out_logp + b);
+    SampleRow(Row{xs + b * V, V, ts[b], ps[b], ks[b], gs[b], us[b]}, scratch, out_tok + b, out_logp + b,
+              out_ent + b);
   });
   return ffi::Error::Success();
 }
@@ -241,4 +248,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TreegrpoSample, Sample,
                                   .Arg<ffi::Buffer<ffi::PRED>>()  // greedy [B]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // u [B] in [0, 1)
                                   .Ret<ffi::Buffer<ffi::S32>>()   // tokens [B]
-                                  .Ret<ffi::Buffer<ffi::F32>>()); // log-probs [B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // log-probs [B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()); // entropies [B]

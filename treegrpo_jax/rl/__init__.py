@@ -37,6 +37,7 @@ _EXPORTS = {
     "tree_mask": "logprobs",
     "tree_token_logprobs": "logprobs",
     "Aggregation": "loss",
+    "Credit": "token_weights",
     "LossAux": "loss",
     "LossConfig": "loss",
     "LossMode": "loss",

@@ -43,9 +43,13 @@ class PathRow:
     reward: float
     prompt_id: int
     tree_id: int
+    # [n] float32: leaves of the tree whose path holds each token (1 on a chain; `rl.credit`).
+    shared: np.ndarray | None = None
 
     def __post_init__(self):
         n = len(self.tokens)
+        if self.shared is not None and len(self.shared) != n:
+            raise ValueError(f"PathRow: shared ({len(self.shared)}) must have one entry per token ({n})")
         if len(self.loss_mask) != n or len(self.sampler_logp) != n:
             raise ValueError(
                 f"PathRow: tokens ({n}), loss_mask ({len(self.loss_mask)}) and sampler_logp "
@@ -71,6 +75,8 @@ class PathBatch:
       reward: the leaf's reward.
       prompt_id / tree_id: rows sharing (prompt_id, tree_id) are the leaves of one tree.
       row_valid: False on padding rows (they touch no statistic and no gradient).
+      shared: per token, the leaves of its tree whose paths hold it (the shared-prefix credit's
+        n_t, `token_weights.Credit`); 0 on padding.
       advantage: one per row, for analysis (`advantages.with_advantages`); the train step
         computes its own from the rewards and does not read this field.
     """
@@ -85,6 +91,7 @@ class PathBatch:
     tree_id: Int[Array, "..."]
     row_valid: Bool[Array, "..."]
     advantage: Float[Array, "..."]
+    shared: Float[Array, "... T"]
 
     @property
     def seq_len(self) -> int:
@@ -164,10 +171,14 @@ def rows_from_trees(trees: Iterable[Tree]) -> list[PathRow]:
     """One `PathRow` per leaf of every tree (reward from `leaf.reward`)."""
     rows = []
     for tree in trees:
+        below = tree.leaves_below()
         for leaf, tokens, mask, logp in tree.leaf_paths():
             if leaf.reward is None:
                 where = f"prompt {tree.prompt_id}, tree {tree.tree_id}"
                 raise ValueError(f"leaf {leaf.node_id} of ({where}) has no reward")
+            shared = [below[0]] * len(tree.prompt_tokens)
+            for node in tree.path(leaf.node_id):
+                shared += [below[node.node_id]] * (len(node.tokens) + len(node.obs_tokens))
             rows.append(
                 PathRow(
                     tokens=np.asarray(tokens, np.int32),
@@ -176,6 +187,7 @@ def rows_from_trees(trees: Iterable[Tree]) -> list[PathRow]:
                     reward=float(leaf.reward),
                     prompt_id=tree.prompt_id,
                     tree_id=tree.tree_id,
+                    shared=np.asarray(shared, np.float32),
                 )
             )
     return rows
@@ -240,6 +252,7 @@ def build_batch(rows: Sequence[PathRow], layout: BatchLayout) -> PathBatch:
     valid = np.zeros((*shape, t), bool)
     loss_mask = np.zeros((*shape, t), np.float32)
     sampler_logp = np.zeros((*shape, t), np.float32)
+    shared = np.zeros((*shape, t), np.float32)
     reward = np.zeros(shape, np.float32)
     prompt_id = np.full(shape, -1, np.int32)
     tree_id = np.full(shape, -1, np.int32)
@@ -252,6 +265,7 @@ def build_batch(rows: Sequence[PathRow], layout: BatchLayout) -> PathBatch:
             valid[at][:n] = True
             loss_mask[at][:n] = row.loss_mask
             sampler_logp[at][:n] = row.sampler_logp
+            shared[at][:n] = 1.0 if row.shared is None else row.shared
             reward[at], prompt_id[at], tree_id[at], row_valid[at] = (
                 row.reward,
                 row.prompt_id,
@@ -270,6 +284,7 @@ def build_batch(rows: Sequence[PathRow], layout: BatchLayout) -> PathBatch:
         tree_id=tree_id,
         row_valid=row_valid,
         advantage=np.zeros(shape, np.float32),
+        shared=shared,
     )
 
 
@@ -286,7 +301,7 @@ def batch_shardings(mesh: Mesh, rules: Rules = DEFAULT_RULES, *, row_dims: int =
     per_token = NamedSharding(mesh, logical_to_spec((*lead, "length"), rules))
     per_row = NamedSharding(mesh, logical_to_spec(lead, rules))
     fields = {f.name: per_row for f in dataclasses.fields(PathBatch)}
-    for name in ("tokens", "positions", "valid", "loss_mask", "sampler_logp"):
+    for name in ("tokens", "positions", "valid", "loss_mask", "sampler_logp", "shared"):
         fields[name] = per_token
     return PathBatch(**fields)
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from treegrpo_jax.rl.advantages import Estimator, parse_estimator
-from treegrpo_jax.rl.token_weights import Aggregation, TokenWeights
+from treegrpo_jax.rl.token_weights import Aggregation, Credit, TokenWeights
 from treegrpo_jax.validation import as_enum
 
 _MAX_LOG_RATIO = 20.0  # exp() guard on log-ratios, as in verl; inactive for sane policies
@@ -59,6 +59,7 @@ class LossConfig:
       kl_coef: β of the k3 KL to the reference policy; 0 skips the reference forward pass.
       entropy_coef: α of the entropy bonus; 0 allowed.
       aggregation: "token-mean" or "seq-mean-token-mean".
+      credit: shared-prefix credit, "sum" (the paper), "mean" or "sqrt" (`token_weights.Credit`).
     """
 
     mode: LossMode = LossMode.RL
@@ -69,9 +70,11 @@ class LossConfig:
     kl_coef: float = 0.001
     entropy_coef: float = 0.001
     aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    credit: Credit = Credit.SUM
 
     def __post_init__(self):
         object.__setattr__(self, "mode", _enum(LossMode, self.mode, "mode"))
+        object.__setattr__(self, "credit", _enum(Credit, self.credit, "credit"))
         object.__setattr__(self, "aggregation", _enum(Aggregation, self.aggregation, "aggregation"))
         try:
             object.__setattr__(self, "estimator", parse_estimator(self.estimator))

@@ -68,6 +68,8 @@ class PackedBatch:
         are (0, 0), and node 0 is read by no real token.
       node_parent: the node table (parent's index; -1 for roots and padding). Its length N sizes
         the step's segment sums; the parents document the tree for checks and analysis.
+      node_leaves: per node, the leaves of its whole tree below it (the shared-prefix credit's
+        n_t, `token_weights.Credit`; a unit's node counts the leaves of other units too).
       key_blocks: per row and query block, the key blocks its queries may see (see `key_blocks`).
     """
 
@@ -88,6 +90,7 @@ class PackedBatch:
     pair_leaf: Int[Array, " Q"]
     pair_node: Int[Array, " Q"]
     node_parent: Int[Array, " N"]
+    node_leaves: Float[Array, " N"]
     key_blocks: Int[Array, "... NQ J"]
 
     @property
@@ -129,6 +132,7 @@ class _Unit:
     span_end: list[int] = dataclasses.field(default_factory=list)
     node: list[int] = dataclasses.field(default_factory=list)  # local node index (root 0)
     node_parent: list[int] = dataclasses.field(default_factory=list)  # local parent index (-1)
+    node_leaves: list[int] = dataclasses.field(default_factory=list)  # leaves of the whole tree below
     pairs: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (global leaf, local node)
 
     def __len__(self) -> int:
@@ -159,8 +163,10 @@ def _span(tree: Tree, node_id: int) -> int:
 def _layout_unit(tree: Tree, leaves: Sequence[tuple[int, int]]) -> _Unit:
     """The union of the paths of `leaves` ((global leaf index, leaf node id)), depth-first."""
     keep = {n for _, lid in leaves for n in _path_ids(tree, lid)}
+    below = tree.leaves_below()
     unit = _Unit()
     unit.node_parent.append(-1)
+    unit.node_leaves.append(below[0])
     last = unit.add(tree.prompt_tokens, [], 0, depth=0, last=-1, local=0)
     local_of = {0: 0}
 
@@ -173,6 +179,7 @@ def _layout_unit(tree: Tree, leaves: Sequence[tuple[int, int]]) -> _Unit:
             )
         local_of[node_id] = local = len(unit.node_parent)
         unit.node_parent.append(parent_local)
+        unit.node_leaves.append(below[node_id])
         start = len(unit)
         span = list(node.tokens) + list(node.obs_tokens)
         last = unit.add(span, node.logprobs, len(node.tokens), depth=depth, last=last, local=local)
@@ -304,7 +311,7 @@ def build_packed_batch(trees: Sequence[Tree], layout: BatchLayout) -> PackedBatc
     out["prev"] = np.full(shape, -1, np.int32)
     out["loss_mask"] = np.zeros(shape, np.float32)
     out["sampler_logp"] = np.zeros(shape, np.float32)
-    node_parent, pairs = [-1], []  # node 0: the padding dummy
+    node_parent, node_leaves, pairs = [-1], [1], []  # node 0: the padding dummy
     for k, (units, bins) in enumerate(zip(units_per_mini, bins_per_mini, strict=True)):
         for j, members in enumerate(bins):
             at = (k, j % n_micro, j // n_micro)
@@ -323,6 +330,7 @@ def build_packed_batch(trees: Sequence[Tree], layout: BatchLayout) -> PackedBatc
                 out["loss_mask"][at][cols] = unit.loss_mask
                 out["sampler_logp"][at][cols] = unit.logp
                 node_parent += [p + base if p >= 0 else -1 for p in unit.node_parent]
+                node_leaves += unit.node_leaves
                 pairs += [(g, local + base) for g, local in unit.pairs if local > 0]  # root: never trained
                 offset += n
 
@@ -345,4 +353,5 @@ def build_packed_batch(trees: Sequence[Tree], layout: BatchLayout) -> PackedBatc
         pair_leaf=table(pair_arr[:, 0], np.int32, 0),
         pair_node=table(pair_arr[:, 1], np.int32, 0),
         node_parent=table(node_parent, np.int32, -1),
+        node_leaves=table(node_leaves, np.float32, 1.0),
     )

@@ -81,7 +81,9 @@ def _from_paths(batch: PathBatch, cfg: LossConfig) -> StepInputs:
     flat = batch.reshape_rows(-1)
     adv = _leaf_advantage(flat.reward, flat.tree_id, flat.prompt_id, flat.row_valid, cfg)
     mask = batch.loss_mask * batch.row_valid[..., None].astype(batch.loss_mask.dtype)
-    weights = row_weights(jnp.reshape(adv, batch.row_shape), mask, cfg.aggregation)
+    weights = row_weights(
+        jnp.reshape(adv, batch.row_shape), mask, cfg.aggregation, shared=batch.shared, credit=cfg.credit
+    )
     t = jnp.arange(batch.seq_len, dtype=jnp.int32)
     length = jnp.sum(batch.valid, axis=-1, dtype=jnp.int32)
     rows = StepRows(
@@ -116,6 +118,8 @@ def _from_packed(batch: PackedBatch, cfg: LossConfig) -> StepInputs:
         batch.loss_mask,
         num_nodes=batch.num_nodes,
         aggregation=cfg.aggregation,
+        node_leaves=batch.node_leaves,
+        credit=cfg.credit,
     )
     rows = StepRows(
         tokens=batch.tokens,

@@ -25,6 +25,15 @@ log-prob gap) use count_t = |below(t)| and the counts of positive / negative lea
 
 A path row is the special case below(t) = {its leaf} (`row_weights`); a packed tree gets the
 sums from its (leaf, node) ancestor pairs with one segment sum (`tree_weights`).
+
+Shared-prefix credit (`Credit`, config `rl.credit`): how much a token shared by n_t leaves of its
+tree is trained. Every path copy of t is scaled by c(n_t): `sum` c = 1 (the paper: the token gets
+Σ_ℓ v_ℓ·A_ℓ), `mean` c = 1/n_t (ARPO: the leaves' mean), `sqrt` c = 1/√n_t (TreeRL). n_t counts
+the leaves of the whole tree below t's node — not of a mini-batch or a packed unit — so both
+layouts scale the same copies by the same factor, and since c_t is constant over below(t) it
+moves outside the sums: pos_t, neg_t and weight_t are multiplied by c_t, the counts are not.
+A token on one leaf's path only (n_t = 1) is trained the same under every rule; the normalisers
+do not change either, so `sum` is today's loss bit for bit.
 """
 
 from __future__ import annotations
@@ -43,6 +52,32 @@ class Aggregation(enum.StrEnum):
 
     TOKEN_MEAN = "token-mean"
     SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+
+
+class Credit(enum.StrEnum):
+    """How a prefix shared by n leaves is credited (`rl.credit`): the scale of each path copy."""
+
+    SUM = "sum"  # 1: once per leaf below, with that leaf's advantage (Tree-GRPO)
+    MEAN = "mean"  # 1/n: the mean of the leaves' advantages (ARPO)
+    SQRT = "sqrt"  # 1/√n (TreeRL)
+
+
+def credit_scale(shared: Float[Array, "..."], credit: Credit) -> Float[Array, "..."]:
+    """c(n): the factor on each path copy of a token that `shared` = n leaves pass through."""
+    n = jnp.maximum(shared.astype(jnp.float32), 1.0)
+    if credit == Credit.MEAN:
+        return 1.0 / n
+    if credit == Credit.SQRT:
+        return jax.lax.rsqrt(n)
+    return jnp.ones_like(n)
+
+
+def _credited(terms: Float[Array, "... 6"], scale: Float[Array, "..."]) -> Float[Array, "... 6"]:
+    """Scales the loss sums (pos, neg, weight) by the credit factor; the counts stay counts."""
+    factor = jnp.concatenate(
+        [jnp.broadcast_to(scale[..., None], (*scale.shape, 3)), jnp.ones((*scale.shape, 3))], -1
+    )
+    return terms * factor
 
 
 @jax.tree_util.register_dataclass
@@ -95,7 +130,12 @@ def _leaf_terms(
 
 
 def row_weights(
-    advantage: Float[Array, "..."], model_mask: Float[Array, "... T"], aggregation: Aggregation
+    advantage: Float[Array, "..."],
+    model_mask: Float[Array, "... T"],
+    aggregation: Aggregation,
+    *,
+    shared: Float[Array, "... T"] | None = None,
+    credit: Credit = Credit.SUM,
 ) -> TokenWeights:
     """Path rows: every model token of a row carries its own leaf's terms.
 
@@ -103,11 +143,18 @@ def row_weights(
       advantage: one per row.
       model_mask: 1 on model tokens of real rows (0 on padding rows too).
       aggregation: decides the per-leaf weight v.
+      shared: per token, the leaves of its tree below its node (n_t; needed unless `sum`).
+      credit: the shared-prefix credit rule.
     """
     m = model_mask.astype(jnp.float32)
     n = jnp.sum(m, axis=-1)
     terms = _leaf_terms(advantage, n, jnp.ones(advantage.shape, bool), aggregation)
-    return TokenWeights.from_stack(jnp.where(m[..., None] > 0, terms[..., None, :], 0.0))
+    per_token = jnp.broadcast_to(terms[..., None, :], (*m.shape, 6))
+    if credit != Credit.SUM:
+        if shared is None:
+            raise ValueError(f"rl.credit={credit.value!r} needs the batch's per-token leaf counts")
+        per_token = _credited(per_token, credit_scale(shared, credit))
+    return TokenWeights.from_stack(jnp.where(m[..., None] > 0, per_token, 0.0))
 
 
 def tree_weights(
@@ -121,6 +168,8 @@ def tree_weights(
     *,
     num_nodes: int,
     aggregation: Aggregation,
+    node_leaves: Float[Array, " N"] | None = None,
+    credit: Credit = Credit.SUM,
 ) -> TokenWeights:
     """Packed trees: a token's sums over the leaves below its node.
 
@@ -134,8 +183,14 @@ def tree_weights(
       model_mask: 1 on model tokens of real trees.
       num_nodes: N, the size of the node table (static).
       aggregation: decides the per-leaf weight v.
+      node_leaves: per node, the leaves of its whole tree below it (n_t; needed unless `sum`).
+      credit: the shared-prefix credit rule.
     """
     terms = _leaf_terms(advantage, leaf_tokens, leaf_valid, aggregation)
     per_node = jax.ops.segment_sum(terms[pair_leaf], pair_node, num_segments=num_nodes)  # [N, 6]
+    if credit != Credit.SUM:
+        if node_leaves is None:
+            raise ValueError(f"rl.credit={credit.value!r} needs the batch's per-node leaf counts")
+        per_node = _credited(per_node, credit_scale(node_leaves, credit))
     per_token = per_node[token_node]  # [..., T, 6]
     return TokenWeights.from_stack(jnp.where(model_mask[..., None] > 0, per_token, 0.0))

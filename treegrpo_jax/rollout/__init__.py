@@ -9,6 +9,8 @@ _EXPORTS = {
     "PhaseTimes": "agent",
     "Trajectory": "agent",
     "forced_next": "agent",
+    "register_rule": "branching",
+    "rule_names": "branching",
     "DecodeResult": "engine",
     "Engine": "engine",
     "EngineStats": "engine",

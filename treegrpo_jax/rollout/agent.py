@@ -191,6 +191,7 @@ def end_step(
     traj: Trajectory,
     tokens: list[int],
     logprobs: list[float],
+    entropies: list[float] | None = None,
     *,
     hit_eos: bool,
     hit_stop: bool,
@@ -205,6 +206,7 @@ def end_step(
     Args:
       traj: the trajectory (its `node_id` moves to the new node).
       tokens, logprobs: the step's generated ids and their sampler log-probs.
+      entropies: the sampler's entropy at each of them (the `entropy` branching rule reads them).
       hit_eos, hit_stop, hit_context: how the step ended (else: its token cap).
       room: `Engine.room` of the trajectory's slot after the step.
       env, cfg, counters: the environment, limits and the counters to update.
@@ -221,6 +223,7 @@ def end_step(
         kind=StepKind.INVALID,
         tokens=tokens,
         logprobs=logprobs,
+        entropies=list(entropies or []),
         text=text,
         tool_calls=parent.tool_calls,
     )

@@ -74,15 +74,17 @@ class DecodeResult:
     slots: list[int]
     tokens: np.ndarray  # [B, N] int32, valid up to num_tokens[i]
     logprobs: np.ndarray  # [B, N] float32
+    entropies: np.ndarray  # [B, N] float32: the sampler's entropy at each generated token
     num_tokens: np.ndarray  # [B] int32
     hit_eos: np.ndarray  # [B] bool
     hit_stop: np.ndarray  # [B] bool: generation ended with a stop string
     hit_context: np.ndarray  # [B] bool: the slot is full
     steps: int = 0  # decode steps the call ran (every row of its bucket computed each one)
 
-    def row(self, i: int) -> tuple[list[int], list[float]]:
+    def row(self, i: int) -> tuple[list[int], list[float], list[float]]:
+        """Row i's (tokens, log-probs, entropies)."""
         n = int(self.num_tokens[i])
-        return self.tokens[i, :n].tolist(), self.logprobs[i, :n].tolist()
+        return self.tokens[i, :n].tolist(), self.logprobs[i, :n].tolist(), self.entropies[i, :n].tolist()
 
 
 @dataclasses.dataclass
@@ -121,6 +123,7 @@ class _DecodeCarry:
     active: jax.Array  # [B] bool: still generating
     tokens: jax.Array  # [B, N] generated ids
     logprobs: jax.Array  # [B, N]
+    entropies: jax.Array  # [B, N]
     count: jax.Array  # [B] tokens generated in this call
     eos_hit: jax.Array  # [B] bool
     ctx_hit: jax.Array  # [B] bool: the slot is full
@@ -178,7 +181,7 @@ def _decode(
         # key and history, not on which other rows share the batch or how a step is split
         # into calls.
         step_keys = jax.vmap(jax.random.fold_in)(keys, lengths)
-        tok, logp = sample(logits, step_keys, sampling, kernels=kernels)
+        tok, logp, ent = sample(logits, step_keys, sampling, kernels=kernels)
         active = c.active
         count = c.count + active
         is_eos = active & jnp.isin(tok, eos_ids)
@@ -194,6 +197,7 @@ def _decode(
             active=active & ~is_eos & ~is_stop & ~full & (count < budget),
             tokens=c.tokens.at[:, c.step].set(jnp.where(active, tok, 0)),
             logprobs=c.logprobs.at[:, c.step].set(jnp.where(active, logp, 0.0)),
+            entropies=c.entropies.at[:, c.step].set(jnp.where(active, ent, 0.0)),
             count=count,
             eos_hit=c.eos_hit | is_eos,
             ctx_hit=c.ctx_hit | (full & ~is_eos & ~is_stop),
@@ -209,6 +213,7 @@ def _decode(
         active=active,
         tokens=jnp.zeros((b, num_steps), jnp.int32),
         logprobs=jnp.zeros((b, num_steps), jnp.float32),
+        entropies=jnp.zeros((b, num_steps), jnp.float32),
         count=jnp.zeros((b,), jnp.int32),
         eos_hit=zeros_b,
         ctx_hit=zeros_b,
@@ -570,6 +575,7 @@ class Engine:
             slots=list(slots),
             tokens=host.tokens[:n],
             logprobs=host.logprobs[:n],
+            entropies=host.entropies[:n],
             num_tokens=count,
             hit_eos=host.eos_hit[:n],
             hit_stop=host.stop_hit[:n],

@@ -67,11 +67,12 @@ def advance(
 
         searches, feedback = [], []
         for i, traj in enumerate(active):
-            tokens, logprobs = res.row(i)
+            tokens, logprobs, entropies = res.row(i)
             node, end = end_step(
                 traj,
                 tokens,
                 logprobs,
+                entropies,
                 hit_eos=bool(res.hit_eos[i]),
                 hit_stop=bool(res.hit_stop[i]),
                 hit_context=bool(res.hit_context[i]),

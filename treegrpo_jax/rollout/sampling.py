@@ -5,7 +5,8 @@ Legend: S rows (slots), V vocab.
 Because every knob is an array (not a Python constant), changing them between calls
 never recompiles. The recorded log-prob is that of the chosen token under the
 temperature-scaled, *unfiltered* distribution — the same quantity the trainer
-recomputes, so the sampler/trainer gap metric compares like with like.
+recomputes, so the sampler/trainer gap metric compares like with like — and so is the
+recorded entropy (what the `entropy` branching rule reads: no extra forward pass).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def _sample_native(logits: Float[Array, "S V"], keys: Array, params: SamplingPar
     build.library()  # registers the FFI target (builds once if needed)
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
     rows = params.greedy.shape
-    out = (jax.ShapeDtypeStruct(rows, jnp.int32), jax.ShapeDtypeStruct(rows, jnp.float32))
+    f32 = jax.ShapeDtypeStruct(rows, jnp.float32)
+    out = (jax.ShapeDtypeStruct(rows, jnp.int32), f32, f32)
     # Rows are independent, so a vmapped call is the same kernel over more rows.
     call = jax.ffi.ffi_call("treegrpo_sample", out, vmap_method="broadcast_all")
     return call(logits.astype(jnp.float32), params.temperature, params.top_p, params.top_k, params.greedy, u)
@@ -89,7 +91,7 @@ def _sample_native(logits: Float[Array, "S V"], keys: Array, params: SamplingPar
 
 def sample(
     logits: Float[Array, "S V"], keys: Array, params: SamplingParams, *, kernels: Kernels = Kernels.XLA
-) -> tuple[Int[Array, " S"], Float[Array, " S"]]:
+) -> tuple[Int[Array, " S"], Float[Array, " S"], Float[Array, " S"]]:
     """Samples one token per row.
 
     Sampling is by inverse CDF with ONE uniform number per row (exactly the categorical
@@ -106,7 +108,8 @@ def sample(
         within float rounding of a cumulative-mass boundary (tests/rollout/test_sampling.py).
 
     Returns:
-      (tokens, log-probs of the tokens under softmax(logits / temperature)).
+      (tokens, log-probs of the tokens under softmax(logits / temperature), entropies of that
+      distribution in nats).
     """
     if kernels is Kernels.AUTO:
         raise ValueError("sample: resolve kernels='auto' first (treegrpo_jax.native.resolve)")
@@ -128,4 +131,5 @@ def sample(
         return jnp.where(params.greedy, greedy_tok, tok)
 
     tokens = jax.lax.cond(jnp.all(params.greedy), lambda: greedy_tok, draw)
-    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0], entropy

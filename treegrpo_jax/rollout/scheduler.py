@@ -148,6 +148,7 @@ class _Walk:
     steps: int = 0  # nodes made in this round
     tokens: list[int] = dataclasses.field(default_factory=list)  # the current step so far
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    entropies: list[float] = dataclasses.field(default_factory=list)
     node: Node | None = None  # the node whose observation is awaited
     obs: list[int] | None = None  # READY: the observation to append
 
@@ -334,9 +335,10 @@ class Scheduler:
         ctx.times.decode += t1 - t0
         still, searches, forks = [], [], []
         for i, w in enumerate(walks):
-            tokens, logprobs = res.row(i)
+            tokens, logprobs, entropies = res.row(i)
             w.tokens += tokens
             w.logprobs += logprobs
+            w.entropies += entropies
             ended = res.hit_eos[i] or res.hit_stop[i] or res.hit_context[i] or len(tokens) >= budgets[i]
             if not ended:
                 still.append(w)
@@ -345,6 +347,7 @@ class Scheduler:
                 w.traj,
                 w.tokens,
                 w.logprobs,
+                w.entropies,
                 hit_eos=bool(res.hit_eos[i]),
                 hit_stop=bool(res.hit_stop[i]),
                 hit_context=bool(res.hit_context[i]),
@@ -355,7 +358,7 @@ class Scheduler:
             )
             w.tree.order[node.node_id] = (w.steps, w.branch)
             w.steps += 1
-            w.tokens, w.logprobs = [], []
+            w.tokens, w.logprobs, w.entropies = [], [], []
             if end is StepEnd.LEAF:
                 self._walk_done(w, forks)
             elif end is StepEnd.SEARCH:
@@ -410,6 +413,7 @@ class Scheduler:
                     w.traj,
                     w.tokens,
                     w.logprobs,
+                    w.entropies,
                     hit_eos=False,
                     hit_stop=False,
                     hit_context=True,

@@ -4,8 +4,9 @@ Legend: P prompts, M trees per prompt, N picks per tree per round, L rounds,
 G = M·(1 + N·L) leaves per prompt.
 
 Initialize-then-expand (the paper): for each prompt, M independent chains each start a
-tree; then L rounds, each picking N nodes per tree uniformly with replacement among the
-root and the non-leaf nodes, and continuing a new branch from the end of each
+tree; then L rounds, each picking N nodes per tree with replacement among the root and the
+non-leaf nodes (uniformly, or as `TreeSearchConfig.rule` weighs them: `branching.py`), and
+continuing a new branch from the end of each
 (observation included; the branch inherits the node's tool-call count). Prefix sharing
 is physical: a prompt is prefilled once and forked to its M trees, and a branch starts
 by copying the cache rows of a slot whose sequence passes through the picked node.
@@ -30,6 +31,7 @@ import numpy as np
 
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.env.prompt import prompt_ids
+from treegrpo_jax.rollout import branching
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv, LoopCounters, PhaseTimes, Trajectory
 from treegrpo_jax.rollout.engine import Engine, EngineStats, OutOfSlotsError
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
@@ -41,13 +43,26 @@ class RolloutCancelled(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TreeSearchConfig:
-    """Tree shape. Leaves per prompt G = M·(1+N·L)."""
+    """Tree shape (leaves per prompt G = M·(1+N·L)) and where branches start (`branching.py`)."""
 
     num_trees: int = 2  # M
     num_picks: int = 2  # N
     num_rounds: int = 1  # L
+    rule: str = branching.UNIFORM  # uniform (the paper) | entropy | last | a registered rule
+    rule_tokens: int = 8  # entropy: tokens after a node that its weight averages over
+    rule_temperature: float = 0.5  # entropy: weights exp(H̄ / τ), in nats
 
     def __post_init__(self):
+        branching.check_rule(self.rule)
+        if (
+            isinstance(self.rule_tokens, bool)
+            or not isinstance(self.rule_tokens, int)
+            or self.rule_tokens < 1
+        ):
+            raise ValueError(f"TreeSearchConfig.rule_tokens must be an int ≥ 1, got {self.rule_tokens!r}")
+        t = self.rule_temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0 or not np.isfinite(t):
+            raise ValueError(f"TreeSearchConfig.rule_temperature must be a number > 0, got {t!r}")
         for name in ("num_trees", "num_picks", "num_rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -94,6 +109,10 @@ class RolloutStats(LoopCounters):
     kv_peak_bytes: int = 0
     kv_peak_over_unique: float = 0.0  # 1.0: no position held that no tree needs
     cow_pages: int = 0  # partial pages copied at forks (paged)
+    # Where branches started (a node's picks are its children beyond the first).
+    picks: int = 0
+    root_picks: int = 0  # branches from the prompt: a new chain, nothing shared
+    pick_depth: float = 0.0  # mean depth of the picked nodes (root 0)
     preempted_prompts: int = 0  # prompts rerun for want of pages (same trees; time lost)
     page_truncated: int = 0  # walks ended because their prompt alone outgrew the pool
     times: PhaseTimes = dataclasses.field(default_factory=PhaseTimes)
@@ -123,6 +142,9 @@ class RolloutStats(LoopCounters):
         self.waste_fraction = 1.0 - es.decoded_tokens / max(1, es.row_steps)
         self.rows_in_flight = es.live_row_steps / max(1, es.decode_steps)
         self.unique_tokens = unique_tokens(trees)
+        depths = [n.depth for t in trees for n in t.nodes for _ in n.children[1:]]
+        self.picks, self.root_picks = len(depths), depths.count(0)
+        self.pick_depth = float(np.mean(depths)) if depths else 0.0
         self.kv_peak_tokens, self.cow_pages = es.kv_peak_tokens, es.cow_pages
         self.kv_peak_bytes = es.kv_peak_tokens * kv_bytes_per_token
         self.kv_peak_over_unique = es.kv_peak_tokens / max(1, self.unique_tokens)
@@ -190,13 +212,18 @@ class RolloutContext:
     def pick(self, state: TreeState, round_idx: int) -> list[tuple[Node, int]]:
         """Round `round_idx`'s N picks of `state`'s tree: (node to branch from, branch number).
 
-        Uniform with replacement over the root and the non-leaf nodes, from a generator
-        seeded by the rollout key, the prompt, the tree and the round: a different run seed
-        expands different nodes, and a tree picks the same alone, in any batch, on any host.
+        With replacement over the root and the non-leaf nodes, weighed by the branching rule
+        (`branching.py`; uniform by default), from a generator seeded by the rollout key, the
+        prompt, the tree and the round: a different run seed expands different nodes, and a
+        tree picks the same alone, in any batch, on any host.
         """
         candidates = state.tree.expandable()
         rng = np.random.default_rng([*self._key_words, state.uid, state.tree.tree_id, round_idx])
-        chosen = rng.integers(0, len(candidates), self.search.num_picks)
+        weights = branching.pick_weights(state.tree, candidates, self.search)
+        if weights is None:  # the paper's rule, drawn as it always was
+            chosen = rng.integers(0, len(candidates), self.search.num_picks)
+        else:
+            chosen = rng.choice(len(candidates), size=self.search.num_picks, replace=True, p=weights)
         first = 1 + round_idx * self.search.num_picks
         return [(candidates[j], first + i) for i, j in enumerate(chosen)]
 

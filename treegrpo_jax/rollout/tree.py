@@ -42,6 +42,7 @@ class Node:
     kind: StepKind
     tokens: list[int] = dataclasses.field(default_factory=list)  # model-generated (loss mask 1)
     logprobs: list[float] = dataclasses.field(default_factory=list)  # sampler log-probs of `tokens`
+    entropies: list[float] = dataclasses.field(default_factory=list)  # sampler entropy at each token
     obs_tokens: list[int] = dataclasses.field(default_factory=list)  # environment (loss mask 0)
     text: str = ""  # decoded `tokens`, for parsing / display only
     query: str | None = None  # the search query, for SEARCH
@@ -72,6 +73,15 @@ class Tree:
     def expandable(self) -> list[Node]:
         """Root and all non-leaf nodes: where a new branch may start."""
         return [n for n in self.nodes if not n.is_leaf]
+
+    def leaves_below(self) -> list[int]:
+        """Per node id, the leaves of this tree in its subtree (the root: all of them)."""
+        below = [0] * len(self.nodes)
+        for node in sorted(self.nodes, key=lambda n: -n.depth):  # children before parents
+            below[node.node_id] += int(node.is_leaf)
+            if node.parent >= 0:
+                below[node.parent] += below[node.node_id]
+        return below
 
     def path(self, node_id: int) -> list[Node]:
         """Nodes from the root's first child down to `node_id` (the root itself excluded)."""

@@ -53,6 +53,9 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="tree.num_picks", value=-1, hint="≥ 0"),
     BadConfig(key="tree.num_rounds", value=1.5, hint="must be an int"),
     BadConfig(key="tree.num_tree", value=2, hint=r"unknown key.*known"),
+    BadConfig(key="tree.rule", value="best_first", hint=r"known rules.*uniform"),
+    BadConfig(key="tree.rule_temperature", value=0.0, hint="> 0"),
+    BadConfig(key="tree.rule_tokens", value=0, hint="≥ 1"),
     # rollout driver
     BadConfig(key="rollout.driver", value="async", hint=r"allowed: \['continuous', 'lockstep'\]"),
     BadConfig(key="rollout.quantum", value=12, hint="power of two"),
@@ -80,6 +83,7 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="rl.length_buckets", value=(512, 256), hint="ascending"),
     BadConfig(key="rl.layout", value="zigzag", hint="allowed"),
     BadConfig(key="rl.estimator", value="best", hint=r"tree|intra|allowed"),
+    BadConfig(key="rl.credit", value="median", hint=r"sum|mean|sqrt"),
     BadConfig(key="rl.aggregation", value="sum", hint="allowed"),
     BadConfig(key="rl.eps_low", value=1.5, hint=r"\[0, 1\)"),
     BadConfig(key="rl.dual_clip", value=0.5, hint="> 1"),
@@ -147,6 +151,8 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="data.skip_bad_rows", value="no", hint="True or False"),
     BadConfig(key="data.world.num_people", value=0, hint="positive int"),
     BadConfig(key="data.world.test_fraction", value=1.5, hint="test_fraction"),
+    BadConfig(key="data.world.distractors", value=2.0, hint=r"distractors.*\[0, 1\]"),
+    BadConfig(key="data.world.questions_per_hop", value=(1, 1, 1, 1, 1, 1), hint="1 to 5"),
     # retriever
     BadConfig(key="retriever.kind", value="grpc", hint=r"allowed: \['bm25', 'http'\]"),
     BadConfig(key="retriever.url", value="", hint="is empty", extra=(("retriever.kind", "http"),)),
