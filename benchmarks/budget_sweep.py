@@ -73,19 +73,27 @@ class SweepConfig:
     eval_prompts: int = 320
     sft_steps: int = 1500
     runs: tuple[str, ...] = tuple(RUNS)
+    base: str = "tiny"  # the config variant every run starts from ("tiny,hard": the harder world)
 
 
-def base_config(variant: str):
+def base_config(variant: str, base: str = "tiny"):
     """The ConfigDict of one run before the sweep's settings (tests swap in a toy one)."""
     import multihop
 
-    return multihop.get_config(f"tiny,{variant}" if variant else "tiny")
+    return multihop.get_config(f"{base},{variant}" if variant else base)
+
+
+def hops(sc: SweepConfig) -> tuple[int, ...]:
+    """The hop counts of the sweep's world (1-4, or 1-5 for the harder world)."""
+    from treegrpo_jax.train.config import from_config_dict
+
+    return tuple(range(1, len(from_config_dict(base_config("", sc.base)).data.world.questions_per_hop) + 1))
 
 
 def _config(variant: str, sc: SweepConfig, seed: int, steps: int):
     from treegrpo_jax.train.config import from_config_dict
 
-    c = base_config(variant)
+    c = base_config(variant, sc.base)
     c.run.update(
         seed=seed,
         steps=steps,
@@ -104,7 +112,7 @@ def _config(variant: str, sc: SweepConfig, seed: int, steps: int):
 def run_config(variant: str, sc: SweepConfig, seed: int) -> dict:
     """How to reproduce one run: the config file and variant, and what the sweep overrides in it."""
     return {
-        "config": f"configs/multihop.py:tiny,{variant}" if variant else "configs/multihop.py:tiny",
+        "config": f"configs/multihop.py:{sc.base},{variant}" if variant else f"configs/multihop.py:{sc.base}",
         "overrides": {
             "run.seed": seed,
             "run.steps": sc.steps,
@@ -157,7 +165,9 @@ def _read_json(path: str):
         return json.load(f)
 
 
-def _record(name: str, seed: int, variant: str, wd: str, wall: float) -> dict:
+def _record(
+    name: str, seed: int, variant: str, wd: str, wall: float, *, label: str, hop_counts=_HOPS
+) -> dict:
     with open(os.path.join(wd, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     train = [r for r in rows if "train/reward_mean" in r]
@@ -168,10 +178,10 @@ def _record(name: str, seed: int, variant: str, wd: str, wall: float) -> dict:
         "name": name,
         "variant": variant,
         "seed": seed,
-        "budget": RUNS[name][1],
+        "budget": label,
         "steps": len(train),
         "em": final["eval/em"],
-        "em_by_hops": {str(h): final.get(f"eval/em/synthetic_{h}hop") for h in _HOPS},
+        "em_by_hops": {str(h): final.get(f"eval/em/synthetic_{h}hop") for h in hop_counts},
         "em_cold_start": start["eval/em"],
         "tool_calls_per_question": final.get("eval/tool_calls_mean"),
         "reward_curve": [r["train/reward_mean"] for r in train],
@@ -183,21 +193,25 @@ def _record(name: str, seed: int, variant: str, wd: str, wall: float) -> dict:
         "leaves": total("rollout/leaves"),
         "train_wall_s": total("time/step_s"),
         "wall_s": wall,
+        "root_picks": total("rollout/root_picks"),
+        "picks": total("rollout/picks"),
     }
 
 
-def run_one(sc: SweepConfig, cold: str, name: str, seed: int) -> dict:
+def run_one(
+    sc: SweepConfig, cold: str, name: str, seed: int, runs: dict[str, tuple[str, str]] = RUNS
+) -> dict:
     from treegrpo_jax.train.loop import train_and_evaluate
 
     wd = os.path.join(sc.out, "runs", f"{name}_s{seed}")
     done = os.path.join(wd, "result.json")
     if os.path.exists(done):
         return _read_json(done)
-    variant = RUNS[name][0]
+    variant, label = runs[name]
     _seed_workdir(cold, wd)
     t0 = time.perf_counter()
     train_and_evaluate(_config(variant, sc, seed=seed, steps=sc.steps), wd)
-    record = _record(name, seed, variant, wd, time.perf_counter() - t0)
+    record = _record(name, seed, variant, wd, time.perf_counter() - t0, label=label, hop_counts=hops(sc))
     with open(done + ".tmp", "w") as f:
         json.dump(record, f, indent=2)
     os.replace(done + ".tmp", done)

@@ -17,11 +17,11 @@ sys.modules["budget_sweep"] = sweep  # dataclasses look their module up there
 _SPEC.loader.exec_module(sweep)
 
 
-def _toy(variant):
-    """The toy `:tiny` config with the variant's tree shape and estimator."""
+def _toy(variant, base="tiny"):
+    """The toy `:tiny` config with the variant's tree shape (and rule), estimator and credit."""
     c = toy_config_dict()
-    full = multihop.get_config(f"tiny,{variant}" if variant else "tiny")
-    c.tree, c.rl.estimator = full.tree, full.rl.estimator
+    full = multihop.get_config(f"{base},{variant}" if variant else base)
+    c.tree, c.rl.estimator, c.rl.credit = full.tree, full.rl.estimator, full.rl.credit
     return c
 
 
