@@ -249,3 +249,18 @@ def test_rows_without_a_gold_path_are_rejected(world, retriever):
     broken = dataclasses.replace(row, gold_queries=row.gold_queries[:-1])
     with pytest.raises(ValueError, match="gold path"):
         _make([broken], retriever, CharTokenizer())
+
+
+def test_five_hop_demonstrations_in_the_hard_world_search_every_hop():
+    """`:tiny,hard`: 5-hop questions with 5 searches allowed, and namesake passages in the corpus:
+    a perfect demonstration still retrieves each hop's own passage (its full name ranks first)."""
+    hard = build_world(WorldConfig(questions_per_hop=(0, 0, 0, 0, 40), distractors=0.5))
+    retriever = BM25Retriever.from_texts(list(hard.passages))
+    tok = train_bpe_tokenizer([*hard.passages, *(r.question for r in hard.train)], vocab_size=1024)
+    rows = [r for r in hard.train if r.hops == 5][:8]
+    for row, demo in zip(rows, _make(rows, retriever, tok, **PERFECT, max_tool_calls=5), strict=True):
+        _assert_steps_parse_as_intended(demo)
+        assert [s.content for s in demo.steps] == [*row.gold_queries, row.golden_answers[0]]
+        assert demo.reward == 1.0 and demo.hit_tool_limit
+        for step, found in zip(demo.steps, row.gold_entities, strict=False):
+            assert found in step.observation

@@ -394,7 +394,7 @@ class Trainer:
 
 def _is_mean(key: str) -> bool:
     """Rollout metrics averaged over processes (times, fractions); the others are counts, summed."""
-    means = ("/occupancy", "/waste_fraction", "/rows_in_flight", "/kv_peak_over_unique")
+    means = ("/occupancy", "/waste_fraction", "/rows_in_flight", "/kv_peak_over_unique", "/pick_depth")
     return "time" in key or "wall" in key or key.endswith(means)
 
 
