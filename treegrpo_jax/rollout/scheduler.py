@@ -212,7 +212,9 @@ class Scheduler:
                         self._relieve()
             self.ctx.report(t for trees in self.trees.values() for t in trees)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            # Queued searches are dropped; running ones finish (each is bounded by the retriever's
+            # own timeout), so no retrieval thread outlives the rollout that started it.
+            pool.shutdown(wait=True, cancel_futures=True)
             for prompt in self.prompts:  # after an error: hand back what is still held
                 if prompt.open_trees:
                     self.ctx.engine.free(prompt.slots)

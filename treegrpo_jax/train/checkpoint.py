@@ -196,6 +196,7 @@ class Checkpointer:
             },
         )
         self._reference_manager: ocp.CheckpointManager | None = None  # opened on first use
+        self._closed = False
 
     # ------------------------------------------------------------------ queries
     def latest_step(self) -> int | None:
@@ -372,7 +373,10 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Waits for pending saves and releases Orbax's threads."""
+        """Waits for pending saves and releases Orbax's threads (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         self._manager.wait_until_finished()
         self._manager.close()
         if self._reference_manager is not None:

@@ -53,7 +53,13 @@ class _Preempted:
     def __init__(self):
         self.requested = False
         self.at = 0.0
-        signal.signal(signal.SIGTERM, self._handle)
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def restore(self) -> None:
+        """Gives SIGTERM back to whoever had it before this run (idempotent)."""
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
     def _handle(self, signum, frame):
         del signum, frame
@@ -338,6 +344,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, float]:
+        """The whole job; whichever way it ends (done, SIGTERM, an error), nothing of it keeps
+        running: pending saves commit, Orbax's and the metric writers' threads stop, and SIGTERM
+        goes back to its previous handler."""
+        try:
+            return self._run()
+        finally:
+            self.ckpt.close()
+            self.writer.close()
+            self.preempted.restore()
+
+    def _run(self) -> dict[str, float]:
         cfg = self.cfg
         run, final_eval = self.start()
         step_fn = jit_train_step(
