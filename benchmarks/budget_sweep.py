@@ -337,22 +337,24 @@ def plot(records: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser, runs: dict, *, steps: int, eval_prompts: int) -> None:
+    """The options every sweep takes (this one and `rules_sweep.py`)."""
     p.add_argument("--out", required=True)
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--prompts_per_step", type=int, default=4)
-    p.add_argument("--eval_prompts", type=int, default=320)
+    p.add_argument("--eval_prompts", type=int, default=eval_prompts)
     p.add_argument("--sft_steps", type=int, default=1500, help="cold-start SFT steps (its strength)")
-    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated names: " + ", ".join(RUNS))
+    p.add_argument("--runs", default=",".join(runs), help="comma-separated names: " + ", ".join(runs))
     p.add_argument("--report_only", action="store_true", help="summarise finished runs, train nothing")
-    a = p.parse_args(argv)
+
+
+def sweep_config(p: argparse.ArgumentParser, a: argparse.Namespace, runs: dict, **extra) -> SweepConfig:
     names = tuple(n for n in a.runs.split(",") if n)
-    unknown = [n for n in names if n not in RUNS]
+    unknown = [n for n in names if n not in runs]
     if unknown:
-        p.error(f"--runs: unknown {unknown}; known: {list(RUNS)}")
-    sc = SweepConfig(
+        p.error(f"--runs: unknown {unknown}; known: {list(runs)}")
+    return SweepConfig(
         out=a.out,
         seeds=a.seeds,
         steps=a.steps,
@@ -360,31 +362,48 @@ def main(argv=None) -> None:
         eval_prompts=a.eval_prompts,
         sft_steps=a.sft_steps,
         runs=names,
+        **extra,
     )
+
+
+def collect(sc: SweepConfig, runs: dict, *, report_only: bool) -> list[dict]:
+    """Trains what is missing (seed-major: every run name gets a first seed before any gets a
+    second) and returns every run's record; with `report_only`, only the finished ones."""
     os.makedirs(sc.out, exist_ok=True)
     _persistent_compile_cache(os.path.join(sc.out, "xla_cache"))
     records = []
-    if a.report_only:
-        for name in names:
-            for seed in range(sc.seeds):
+    cold = None if report_only else cold_start(sc)
+    for seed in range(sc.seeds):
+        for name in sc.runs:
+            if report_only:
                 path = os.path.join(sc.out, "runs", f"{name}_s{seed}", "result.json")
                 if os.path.exists(path):
                     records.append(_read_json(path))
-    else:
-        cold = cold_start(sc)
-        # Seed-major: every run name gets a first seed before any gets a second.
-        for seed in range(sc.seeds):
-            for name in names:
+            else:
                 print(f"=== {name} seed {seed}", flush=True)
-                records.append(run_one(sc, cold, name, seed))
+                records.append(run_one(sc, cold, name, seed, runs))
+    return records
+
+
+def write_results(sc: SweepConfig, records: list[dict], table: str) -> None:
+    """`results.json` (records + how to reproduce each), `summary.md` and `em_vs_cost.png`."""
     with open(os.path.join(sc.out, "results.json"), "w") as f:
         runs = [r | {"config": run_config(r["variant"], sc, r["seed"])} for r in records]
         json.dump({"config": dataclasses.asdict(sc), "runs": runs}, f, indent=2)
-    table = summarize(records, sc) + "\n" + budget_table(records)
     with open(os.path.join(sc.out, "summary.md"), "w") as f:
         f.write(table)
-    plot(records, os.path.join(sc.out, "em_vs_cost.png"))
+    if records:
+        plot(records, os.path.join(sc.out, "em_vs_cost.png"))
     print(table)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(p, RUNS, steps=10, eval_prompts=320)
+    a = p.parse_args(argv)
+    sc = sweep_config(p, a, RUNS)
+    records = collect(sc, RUNS, report_only=a.report_only)
+    write_results(sc, records, summarize(records, sc) + "\n" + budget_table(records))
 
 
 if __name__ == "__main__":

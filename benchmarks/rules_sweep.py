@@ -18,8 +18,6 @@ and `OUT/em_vs_cost.png`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import statistics
@@ -124,6 +122,13 @@ def comparisons(records: list[dict]) -> str:
         if a not in by or b not in by:
             continue
         cells, verdict = [], "–"
+        if min(len(by[a]), len(by[b])) < 2:  # no spread to compare against yet
+            cells = [
+                f"{100 * difference([m(r) for r in by[a]], [m(r) for r in by[b]])[0]:+.1f} (1 seed)"
+                for m in (multihop_em, lambda r: r["em"])
+            ]
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} | needs ≥ 2 seeds each |")
+            continue
         for metric in (multihop_em, lambda r: r["em"]):
             d, sd = difference([metric(r) for r in by[a]], [metric(r) for r in by[b]])
             z = d / sd if sd > 0 else math.copysign(math.inf, d) if d else 0.0
@@ -142,55 +147,13 @@ def comparisons(records: list[dict]) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--prompts_per_step", type=int, default=4)
-    p.add_argument("--eval_prompts", type=int, default=300)
-    p.add_argument("--sft_steps", type=int, default=1500, help="cold-start SFT steps (its strength)")
+    budget_sweep.add_arguments(p, RULE_RUNS, steps=30, eval_prompts=300)
     p.add_argument("--base", default=BASE, help="config variant every run starts from")
-    p.add_argument("--runs", default=",".join(RULE_RUNS), help="comma-separated: " + ", ".join(RULE_RUNS))
-    p.add_argument("--report_only", action="store_true", help="summarise finished runs, train nothing")
     a = p.parse_args(argv)
-    names = tuple(n for n in a.runs.split(",") if n)
-    unknown = [n for n in names if n not in RULE_RUNS]
-    if unknown:
-        p.error(f"--runs: unknown {unknown}; known: {list(RULE_RUNS)}")
-    sc = budget_sweep.SweepConfig(
-        out=a.out,
-        seeds=a.seeds,
-        steps=a.steps,
-        prompts_per_step=a.prompts_per_step,
-        eval_prompts=a.eval_prompts,
-        sft_steps=a.sft_steps,
-        runs=names,
-        base=a.base,
-    )
-    os.makedirs(sc.out, exist_ok=True)
-    budget_sweep._persistent_compile_cache(os.path.join(sc.out, "xla_cache"))
-    records = []
-    if a.report_only:
-        for seed in range(sc.seeds):
-            for name in names:
-                path = os.path.join(sc.out, "runs", f"{name}_s{seed}", "result.json")
-                if os.path.exists(path):
-                    records.append(budget_sweep._read_json(path))
-    else:
-        cold = budget_sweep.cold_start(sc)
-        for seed in range(sc.seeds):  # seed-major: every run gets a first seed before any a second
-            for name in names:
-                print(f"=== {name} seed {seed}", flush=True)
-                records.append(budget_sweep.run_one(sc, cold, name, seed, RULE_RUNS))
-    hop_counts = budget_sweep.hops(sc)
-    with open(os.path.join(sc.out, "results.json"), "w") as f:
-        runs = [r | {"config": budget_sweep.run_config(r["variant"], sc, r["seed"])} for r in records]
-        json.dump({"config": dataclasses.asdict(sc), "runs": runs}, f, indent=2)
-    table = summarize(records, sc, hop_counts) + "\n" + comparisons(records)
-    with open(os.path.join(sc.out, "summary.md"), "w") as f:
-        f.write(table)
-    if records:
-        budget_sweep.plot(records, os.path.join(sc.out, "em_vs_cost.png"))
-    print(table)
+    sc = budget_sweep.sweep_config(p, a, RULE_RUNS, base=a.base)
+    records = budget_sweep.collect(sc, RULE_RUNS, report_only=a.report_only)
+    table = summarize(records, sc, budget_sweep.hops(sc)) + "\n" + comparisons(records)
+    budget_sweep.write_results(sc, records, table)
 
 
 if __name__ == "__main__":

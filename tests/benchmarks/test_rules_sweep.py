@@ -62,6 +62,8 @@ def test_verdicts_rankings_and_tables(tmp_path):
     assert rows["tree (2,2,1) at ≈4 vs chain GRPO at 4"].endswith("| no |")
     assert rows["chain GRPO at 16 vs at 4"].endswith("| yes, worse |")
     assert "tree (4,2,1) at ≈8 vs chain GRPO at 16" not in rows  # no (4,2,1) runs: left out
+    one = rules.comparisons([_record("tree_4_2_1", 0, 0.9, 0.9), _record("chain_16", 0, 0.5, 0.5)])
+    assert "| +40.0 (1 seed) | +40.0 (1 seed) | needs ≥ 2 seeds each |" in one  # no verdict from one seed
     ranking = rows["branching rule at (2,2,1)"]
     assert ranking.index("tree_2_2_1_last") < ranking.index("tree_2_2_1 ") < ranking.index("entropy")
     sc = sweep.SweepConfig(out=str(tmp_path), steps=30, base="tiny,hard")
