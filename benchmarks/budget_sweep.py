@@ -23,6 +23,7 @@ table) and `OUT/em_vs_cost.png` (final EM against decoded tokens).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -152,12 +153,26 @@ def _seed_workdir(cold: str, wd: str) -> None:
         shutil.copytree(os.path.join(cold, "reference"), os.path.join(wd, "reference"))
 
 
-def _persistent_compile_cache(path: str) -> None:
-    # Runs differ only in shapes that repeat across seeds: later seeds load their programs from disk.
+@contextlib.contextmanager
+def _persistent_compile_cache(path: str):
+    """Compiled programs cached on disk for the sweep only: runs differ in shapes that repeat
+    across seeds, so later seeds load their programs. The setting is undone on the way out (a
+    caller in the same process — the test suite — must not go on reading this cache: loading
+    some XLA:CPU executables back aborts the process, seen in CI on `train_step`)."""
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {k: getattr(jax.config, k) for k in keys}
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+        compilation_cache.reset_cache()
 
 
 def _read_json(path: str):
@@ -370,18 +385,18 @@ def collect(sc: SweepConfig, runs: dict, *, report_only: bool) -> list[dict]:
     """Trains what is missing (seed-major: every run name gets a first seed before any gets a
     second) and returns every run's record; with `report_only`, only the finished ones."""
     os.makedirs(sc.out, exist_ok=True)
-    _persistent_compile_cache(os.path.join(sc.out, "xla_cache"))
     records = []
-    cold = None if report_only else cold_start(sc)
-    for seed in range(sc.seeds):
-        for name in sc.runs:
-            if report_only:
-                path = os.path.join(sc.out, "runs", f"{name}_s{seed}", "result.json")
-                if os.path.exists(path):
-                    records.append(_read_json(path))
-            else:
-                print(f"=== {name} seed {seed}", flush=True)
-                records.append(run_one(sc, cold, name, seed, runs))
+    with _persistent_compile_cache(os.path.join(sc.out, "xla_cache")):
+        cold = None if report_only else cold_start(sc)
+        for seed in range(sc.seeds):
+            for name in sc.runs:
+                if report_only:
+                    path = os.path.join(sc.out, "runs", f"{name}_s{seed}", "result.json")
+                    if os.path.exists(path):
+                        records.append(_read_json(path))
+                else:
+                    print(f"=== {name} seed {seed}", flush=True)
+                    records.append(run_one(sc, cold, name, seed, runs))
     return records
 
 

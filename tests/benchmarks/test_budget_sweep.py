@@ -5,6 +5,7 @@ import json
 import pathlib
 import sys
 
+import jax
 import pytest
 
 from tests.train.toy import multihop, toy_config_dict
@@ -30,7 +31,11 @@ def test_runs_share_one_cold_start_resume_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "base_config", _toy)
     args = ["--out", str(tmp_path), "--seeds=1", "--steps=1", "--prompts_per_step=2", "--eval_prompts=4"]
     args.append("--sft_steps=2")
+    before = jax.config.jax_compilation_cache_dir
     sweep.main([*args, "--runs=chain_2,tree_1_2_1"])
+    # The sweep's on-disk compile cache is its own: the rest of this process does not read it.
+    assert jax.config.jax_compilation_cache_dir == before
+    assert any((tmp_path / "xla_cache").iterdir())  # it was used while the sweep ran
     result = json.loads((tmp_path / "results.json").read_text())
     runs = result["runs"]
     assert sorted((r["name"], r["seed"]) for r in runs) == [("chain_2", 0), ("tree_1_2_1", 0)]
