@@ -45,6 +45,12 @@ COMPARISONS = (
     ("tree (2,2,1) at ≈4 vs chain GRPO at 4", "tree_2_2_1", "chain_4"),
     ("tree (4,2,1) at ≈8 vs chain GRPO at 16", "tree_4_2_1", "chain_16"),
     ("chain GRPO at 16 vs at 4", "chain_16", "chain_4"),
+    ("(2,2,1): entropy vs uniform picks", "tree_2_2_1_entropy", "tree_2_2_1"),
+    ("(2,2,1): last vs uniform picks", "tree_2_2_1_last", "tree_2_2_1"),
+    ("(4,2,1): entropy vs uniform picks", "tree_4_2_1_entropy", "tree_4_2_1"),
+    ("(4,2,1): last vs uniform picks", "tree_4_2_1_last", "tree_4_2_1"),
+    ("(2,2,1): credit mean vs sum", "tree_2_2_1_mean", "tree_2_2_1"),
+    ("(2,2,1): credit sqrt vs sum", "tree_2_2_1_sqrt", "tree_2_2_1"),
 )
 RULE_GROUPS = (
     ("branching rule at (2,2,1)", ("tree_2_2_1", "tree_2_2_1_entropy", "tree_2_2_1_last")),
