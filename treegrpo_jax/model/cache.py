@@ -12,7 +12,8 @@ index for the whole batch cannot). Forking a branch is a copy of one slot into o
 The decoder reaches a cache only through these methods, which `PagedKVCache` implements too:
 `offsets` (each row's length), `write` (a chunk of keys/values at per-row positions), `read`
 (the first `span` keys/values of each row's sequence), `decode_native` (the CPU kernel's
-write-then-attend), `attend_pallas` (the Pallas decode kernel) and `add_lengths`. `slots` are
+write-then-attend), `prefill_native` (the CPU kernel's chunked write-then-attend over flat
+tokens), `attend_pallas` (the Pallas decode kernel) and `add_lengths`. `slots` are
 sequence ids in both: here a slot *is* its memory.
 """
 
@@ -73,6 +74,26 @@ class KVCache:
 
         o, k, v = decode_attention_native(
             q_BHD, k_BKD, v_BKD, self.k, self.v, layer, slots[:, None], write_pos, live_lens, paged=False
+        )
+        return o, dataclasses.replace(self, k=k, v=v)
+
+    def prefill_native(self, layer, q_NHD, k_NKD, v_NKD, slots, row_start, attend):
+        """The CPU prefill kernel over flat tokens: row r (slot `slots[r]`) writes tokens
+        `row_start[r] .. row_start[r+1]` at its offset, then they attend causally in place."""
+        from treegrpo_jax.model.prefill_attention import prefill_attention_native
+
+        o, k, v = prefill_attention_native(
+            q_NHD,
+            k_NKD,
+            v_NKD,
+            self.k,
+            self.v,
+            layer,
+            slots[:, None],
+            row_start,
+            self.offsets(slots),
+            paged=False,
+            attend=attend,
         )
         return o, dataclasses.replace(self, k=k, v=v)
 

@@ -8,13 +8,15 @@ Layers are stored stacked (every layer parameter has a leading L axis) and run u
 `jax.lax.scan`, so compile time does not grow with depth and a KV cache is one array
 per K and V. Matmuls run in `cfg.dtype`; RMSNorm, softmax, RoPE and logits are f32.
 
-Three entry points:
+Four entry points:
   * `__call__(tokens, positions, mask)`: full-sequence forward with explicit positions
     and a [B, T, T] attention mask (so packed and tree-shaped batches are possible), a
     block-sparse `BlockMask` (`block_attention.py`) that skips the key blocks it does not list,
     or a `CausalMask` (left-aligned causal rows: the fused kernel, `causal_attention.py`);
   * `append(tokens, chunk_lens, cache)`: write a ragged chunk into every slot at the
     slot's own offset and return logits (prefill, observations, and — with C=1 — decode);
+  * `prefill(tokens, token_rows, row_start, cache, slots=...)`: flat ragged chunks written with
+    the CPU prefill kernel (no padding, live keys only, no logits);
   * `decode(tokens, cache, active)`: one token per slot, convenience over `append`.
 """
 
@@ -301,6 +303,45 @@ class Decoder(nnx.Module):
         h = _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
         logits = self.logits(h)
         return (logits if all_logits else logits[:, 0]), new_cache
+
+    def prefill(
+        self,
+        tokens: Int[Array, " N"],
+        token_rows: Int[Array, " N"],
+        row_start: Int[Array, " R1"],
+        cache: KVCache | PagedKVCache,
+        *,
+        slots: Int[Array, " R"],
+    ) -> KVCache | PagedKVCache:
+        """Writes flat ragged chunks into the cache with the CPU prefill kernel; returns the cache.
+
+        Row r appends `tokens[row_start[r]:row_start[r+1]]` to sequence `slots[r]` at its own
+        offset (`token_rows[i]` is token i's row, in [0, R); tokens past `row_start[R]` are
+        padding). No chunk padding and no attended span: the kernel reads each row's live keys.
+        Returns no logits — the engine keeps a sequence's last token pending, so nobody reads
+        the prefill's hidden states — which also lets the last layer write its keys and values
+        and skip its attention and MLP. Exactly `append(...)` of the same chunks on the K/V it
+        writes (`tests/model/test_prefill_attention.py`).
+        """
+        n_layers = self.cfg.num_layers
+        offsets = cache.offsets(slots)  # [R]
+        j = jnp.arange(tokens.shape[0]) - row_start[token_rows]
+        positions = (offsets[token_rows] + j)[None]  # [1, N]
+        cos, sin = rope.rotary_angles(positions, self._inv_freq)
+
+        def layer(carry, xs):
+            x, cache = carry
+            p, i = xs
+            q, k, v = self._qkv(p, x, cos, sin)
+            # The last layer's output feeds nothing the cache needs: write its K/V, skip the rest.
+            attend = i < n_layers - 1
+            o, cache = cache.prefill_native(i, q[0], k[0], v[0], slots, row_start, attend)
+            x = jax.lax.cond(attend, lambda: self._finish(p, x, o[None].astype(q.dtype)), lambda: x)
+            return (x, cache), None
+
+        xs = (self._layer_params(), jnp.arange(n_layers))
+        (_, cache), _ = jax.lax.scan(layer, (self._embed(tokens[None]), cache), xs)
+        return cache.add_lengths(slots, row_start[1:] - row_start[:-1])
 
     def decode(
         self,

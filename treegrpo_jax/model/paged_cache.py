@@ -11,8 +11,8 @@ paged-attention kernels take (GPU and TPU, `paged_kernels.py`), so no call copie
 Sequences that share a prefix point at the same pages: a tree's branches hold one copy of
 their common tokens. Who owns what is the host's business (`rollout/page_pool.py` counts
 references); this module only reads and writes through the table, with the same interface
-as the slot cache (`cache.py`): `offsets`, `write`, `read`, `decode_native`, `attend_pallas`,
-`add_lengths`.
+as the slot cache (`cache.py`): `offsets`, `write`, `read`, `decode_native`, `prefill_native`,
+`attend_pallas`, `add_lengths`.
 """
 
 from __future__ import annotations
@@ -113,6 +113,25 @@ class PagedKVCache:
             write_pos,
             live_lens,
             paged=True,
+        )
+        return o, dataclasses.replace(self, k=k, v=v)
+
+    def prefill_native(self, layer, q_NHD, k_NKD, v_NKD, slots, row_start, attend):
+        """The CPU prefill kernel over pages (flat tokens; see `KVCache.prefill_native`)."""
+        from treegrpo_jax.model.prefill_attention import prefill_attention_native
+
+        o, k, v = prefill_attention_native(
+            q_NHD,
+            k_NKD,
+            v_NKD,
+            self.k,
+            self.v,
+            layer,
+            self.row_pages(slots),
+            row_start,
+            self.offsets(slots),
+            paged=True,
+            attend=attend,
         )
         return o, dataclasses.replace(self, k=k, v=v)
 

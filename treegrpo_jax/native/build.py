@@ -26,10 +26,11 @@ import jax
 log = logging.getLogger(__name__)
 
 _HERE = pathlib.Path(__file__).resolve().parent
-SOURCES = ("decode_attention.cc", "sampling.cc")
+SOURCES = ("decode_attention.cc", "prefill_attention.cc", "sampling.cc")
 HEADERS = ("common.h",)
 TARGETS = {  # FFI target name -> exported handler symbol
     "treegrpo_decode_attention": "TreegrpoDecodeAttention",
+    "treegrpo_prefill_attention": "TreegrpoPrefillAttention",
     "treegrpo_sample": "TreegrpoSample",
 }
 # -fopenmp-simd honours `#pragma omp simd` (vectorised reductions) without OpenMP threads:

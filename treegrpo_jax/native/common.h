@@ -15,6 +15,28 @@
 
 namespace treegrpo {
 
+// The stored K/V dtypes: f32, or bf16 as the high half of an f32 (uint16_t).
+inline float Load(const float* p, int64_t i) { return p[i]; }
+inline float Load(const uint16_t* p, int64_t i) {  // bf16: the high half of an f32
+  const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// f32 -> bf16 with round-to-nearest-even, as XLA's convert (NaN stays a quiet NaN).
+inline uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline void Store(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void Store(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = ToBf16(src[i]);
+}
+
 // exp(x) for x <= 0 (scores minus their max): Cephes' expf polynomial after range reduction
 // by ln 2, written without branches so the compiler vectorises the loop that calls it.
 inline float ExpNonPositive(float x) {

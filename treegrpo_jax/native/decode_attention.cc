@@ -31,15 +31,10 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
+using treegrpo::Load;
+using treegrpo::Store;
 
-inline float Load(const float* p, int64_t i) { return p[i]; }
-inline float Load(const uint16_t* p, int64_t i) {  // bf16: the high half of an f32
-  const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+constexpr int64_t kMaxHeadDim = 256;
 
 struct Problem {
   const float* q;        // [B, H, D]
@@ -164,19 +159,6 @@ void AttendPairAnyD(const Problem& p, int64_t b, int64_t kh, std::vector<float>&
     case 128: return AttendPairAnyG<KV, 128>(p, b, kh, scratch);
     default: return AttendPair<KV, 0, 0>(p, b, kh, scratch);
   }
-}
-
-// f32 -> bf16 with round-to-nearest-even, as XLA's convert (NaN stays a quiet NaN).
-inline uint16_t ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-inline void Store(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-inline void Store(uint16_t* dst, const float* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = ToBf16(src[i]);
 }
 
 // Writes row b's new key and value of kv head kh at its position (if any), then attends.
