@@ -162,12 +162,7 @@ def _decode_step(bc, model, *, batch=32, live=512, steps=16) -> dict:
             e.decode(slots_of[name], max_new_tokens=steps, sampling=sampling, keys=keys, num_steps=steps)
             # Back to the same context (host lengths, device lengths, pages), so that every
             # call decodes the same span: a benchmark-only rewind through the engine's state.
-            for s in slots_of[name]:
-                e.lengths[s] = lengths[name][s]
-            e._reset_device_lengths()
-            if e.pool:
-                for s in slots_of[name]:
-                    e.pool.trim(s, int(e.lengths[s]) + 1)
+            e.rewind(slots_of[name], [lengths[name][s] for s in slots_of[name]])
 
         return run
 

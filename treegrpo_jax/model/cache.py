@@ -13,13 +13,15 @@ The decoder reaches a cache only through these methods, which `PagedKVCache` imp
 `offsets` (each row's length), `write` (a chunk of keys/values at per-row positions), `read`
 (the first `span` keys/values of each row's sequence), `decode_native` (the CPU kernel's
 write-then-attend), `prefill_native` (the CPU kernel's chunked write-then-attend over flat
-tokens), `attend_pallas` (the Pallas decode kernel) and `add_lengths`. `slots` are
-sequence ids in both: here a slot *is* its memory.
+tokens), `attend_pallas` (the Pallas decode kernel) and `add_lengths`, and one capability,
+`pallas_on_tpu` (whether `attend_pallas` has a TPU kernel). `slots` are sequence ids in both:
+here a slot *is* its memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,8 @@ class KVCache:
     k: Float[Array, "L S K T D"]
     v: Float[Array, "L S K T D"]
     lengths: Int[Array, " S"]  # tokens already written in each slot
+
+    pallas_on_tpu: ClassVar[bool] = False  # the slot kernel is GPU-only (TPU decodes through XLA)
 
     @property
     def num_slots(self) -> int:

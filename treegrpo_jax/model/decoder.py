@@ -268,14 +268,12 @@ class Decoder(nnx.Module):
         native = kernels is Kernels.NATIVE and c == 1
         # Pallas decode: pages on GPU and TPU, slots on GPU (TPU has no slot kernel: XLA there).
         pallas = (
-            kernels is Kernels.PALLAS
-            and c == 1
-            and (isinstance(cache, PagedKVCache) or jax.default_backend() != "tpu")
+            kernels is Kernels.PALLAS and c == 1 and (cache.pallas_on_tpu or jax.default_backend() != "tpu")
         )
         # Keys each row attends after its write: its new length (0 for rows that write nothing).
         live_lens = jnp.where(chunk_lens > 0, positions[:, 0] + 1, 0)
-        # The slot cache reads the whole pool in place when row b is slot b; pages are gathered.
-        read_slots = None if rows_are_slots and isinstance(cache, KVCache) else slots
+        # Row b is slot b: the slot cache reads the whole pool in place (pages are gathered either way).
+        read_slots = None if rows_are_slots else slots
 
         def layer(carry, xs):
             x, cache = carry

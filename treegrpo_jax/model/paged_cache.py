@@ -18,6 +18,7 @@ as the slot cache (`cache.py`): `offsets`, `write`, `read`, `decode_native`, `pr
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,8 @@ class PagedKVCache:
     v: Float[Array, "L K NP P D"]
     page_table: Int[Array, "S MP"]  # ≥ NP: no page
     lengths: Int[Array, " S"]  # tokens already written in each sequence
+
+    pallas_on_tpu: ClassVar[bool] = True  # `paged_kernels.py` runs on GPU and TPU
 
     @property
     def num_slots(self) -> int:

@@ -187,43 +187,50 @@ class StepEnd(enum.StrEnum):
     FEEDBACK = "feedback"  # no valid action: the invalid-action text is the observation
 
 
+def step_budget(cfg: AgentConfig, generated: int, room: int) -> int:
+    """Tokens a step may still generate: its cap less what it has (`generated`), and one
+    position short of the slot's `room` (the last token stays pending); at least 1."""
+    return max(1, min(cfg.max_step_tokens - generated, room - 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+    """A finished step as the policy generated it, and how the generation ended."""
+
+    tokens: list[int]  # generated ids
+    logprobs: list[float]  # their sampler log-probs
+    entropies: list[float]  # the sampler's entropy at each (the `entropy` branching rule reads them)
+    hit_eos: bool = False
+    hit_stop: bool = False
+    hit_context: bool = False  # the slot is full (none of the three: the step's token cap)
+
+
 def end_step(
-    traj: Trajectory,
-    tokens: list[int],
-    logprobs: list[float],
-    entropies: list[float] | None = None,
-    *,
-    hit_eos: bool,
-    hit_stop: bool,
-    hit_context: bool,
-    room: int,
-    env: AgentEnv,
-    cfg: AgentConfig,
-    counters: LoopCounters,
+    traj: Trajectory, step: StepOutput, *, room: int, env: AgentEnv, cfg: AgentConfig, counters: LoopCounters
 ) -> tuple[Node, StepEnd]:
     """Adds a finished step to the trajectory's tree as a new node; says what comes next.
 
     Args:
       traj: the trajectory (its `node_id` moves to the new node).
-      tokens, logprobs: the step's generated ids and their sampler log-probs.
-      entropies: the sampler's entropy at each of them (the `entropy` branching rule reads them).
-      hit_eos, hit_stop, hit_context: how the step ended (else: its token cap).
+      step: what the step generated and how it ended.
       room: `Engine.room` of the trajectory's slot after the step.
       env, cfg, counters: the environment, limits and the counters to update.
     """
     tree, parent = traj.tree, traj.tree.nodes[traj.node_id]
+    tokens, hit_context = step.tokens, step.hit_context
     text = env.tokenizer.decode(tokens)
     forced = forced_next(parent, cfg)
     action = parse_action(text, search_allowed=not forced)
-    _classify(counters, action, text, capped=len(tokens) >= cfg.max_step_tokens and not (hit_eos or hit_stop))
+    capped = len(tokens) >= cfg.max_step_tokens and not (step.hit_eos or step.hit_stop)
+    _classify(counters, action, text, capped=capped)
     node = Node(
         node_id=len(tree.nodes),
         parent=parent.node_id,
         depth=parent.depth + 1,
         kind=StepKind.INVALID,
-        tokens=tokens,
-        logprobs=logprobs,
-        entropies=list(entropies or []),
+        tokens=list(tokens),
+        logprobs=list(step.logprobs),
+        entropies=list(step.entropies),
         text=text,
         tool_calls=parent.tool_calls,
     )

@@ -25,21 +25,31 @@ deterministic per rollout key, prompt, tree and round.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from treegrpo_jax.rollout.tree import Node, Tree
 
-if TYPE_CHECKING:
-    from treegrpo_jax.rollout.search_state import TreeSearchConfig
 
-Rule = Callable[[Tree, Sequence[Node], "TreeSearchConfig"], np.ndarray | None]
+class RuleParams(Protocol):
+    """What a rule reads from its config (`search_state.TreeSearchConfig` is one): the rule's
+    fields only, so this module needs nothing from the search that calls it."""
+
+    @property
+    def rule(self) -> str: ...
+    @property
+    def rule_tokens(self) -> int: ...
+    @property
+    def rule_temperature(self) -> float: ...
+
+
+Rule = Callable[[Tree, Sequence[Node], RuleParams], np.ndarray | None]
 
 UNIFORM, ENTROPY, LAST = "uniform", "entropy", "last"
 
 
-def _uniform(tree: Tree, candidates: Sequence[Node], cfg: TreeSearchConfig) -> None:
+def _uniform(tree: Tree, candidates: Sequence[Node], cfg: RuleParams) -> None:
     del tree, candidates, cfg
     return None
 
@@ -51,14 +61,14 @@ def next_token_entropy(tree: Tree, node: Node, k: int) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
-def _entropy(tree: Tree, candidates: Sequence[Node], cfg: TreeSearchConfig) -> np.ndarray:
+def _entropy(tree: Tree, candidates: Sequence[Node], cfg: RuleParams) -> np.ndarray:
     h = np.asarray([next_token_entropy(tree, n, cfg.rule_tokens) for n in candidates], np.float64)
     z = (h - h.max()) / cfg.rule_temperature
     w = np.exp(z)
     return w / w.sum()
 
 
-def _last(tree: Tree, candidates: Sequence[Node], cfg: TreeSearchConfig) -> np.ndarray | None:
+def _last(tree: Tree, candidates: Sequence[Node], cfg: RuleParams) -> np.ndarray | None:
     del cfg
     w = np.asarray([any(tree.nodes[c].is_leaf for c in n.children) for n in candidates], np.float64)
     return w / w.sum() if w.sum() > 0 else None  # no leaf yet (cannot happen after a round): uniform
@@ -86,7 +96,7 @@ def check_rule(name: str) -> str:
     return name
 
 
-def pick_weights(tree: Tree, candidates: Sequence[Node], cfg: TreeSearchConfig) -> np.ndarray | None:
+def pick_weights(tree: Tree, candidates: Sequence[Node], cfg: RuleParams) -> np.ndarray | None:
     """The rule's probabilities over `candidates` (None: uniform); checked to be a distribution."""
     w = _RULES[check_rule(cfg.rule)](tree, candidates, cfg)
     if w is None:

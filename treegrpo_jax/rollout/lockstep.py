@@ -19,10 +19,12 @@ import numpy as np
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.rollout.agent import (
     StepEnd,
+    StepOutput,
     Trajectory,
     end_step,
     observation_text,
     place_observation,
+    step_budget,
 )
 from treegrpo_jax.rollout.sampling import SamplingParams
 from treegrpo_jax.rollout.search_state import (
@@ -51,7 +53,7 @@ def advance(
             raise RolloutCancelled("rollout stopped on request (SIGTERM)")
         t0 = time.perf_counter()
         slots = [t.slot for t in active]
-        budgets = [max(1, min(cfg.max_step_tokens, engine.room(s) - 1)) for s in slots]
+        budgets = [step_budget(cfg, 0, engine.room(s)) for s in slots]
         sampling = SamplingParams.make(
             len(active),
             temperature=cfg.temperature,
@@ -67,20 +69,8 @@ def advance(
 
         searches, feedback = [], []
         for i, traj in enumerate(active):
-            tokens, logprobs, entropies = res.row(i)
-            node, end = end_step(
-                traj,
-                tokens,
-                logprobs,
-                entropies,
-                hit_eos=bool(res.hit_eos[i]),
-                hit_stop=bool(res.hit_stop[i]),
-                hit_context=bool(res.hit_context[i]),
-                room=engine.room(traj.slot),
-                env=env,
-                cfg=cfg,
-                counters=counters,
-            )
+            step = StepOutput(*res.row(i), **res.ending(i))
+            node, end = end_step(traj, step, room=engine.room(traj.slot), env=env, cfg=cfg, counters=counters)
             if end is StepEnd.SEARCH:
                 searches.append((traj, node))
             elif end is StepEnd.FEEDBACK:

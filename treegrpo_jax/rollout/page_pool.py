@@ -55,7 +55,7 @@ class OutOfPagesError(OutOfSlotsError):
 
 class PagePool:
     """Reference-counted pages with page tables, on the host (the device copy is pushed by the
-    engine when `dirty`)."""
+    engine when `table_changed`)."""
 
     def __init__(self, *, num_pages: int, num_slots: int, pages_per_seq: int, page_size: int):
         self.num_pages, self.page_size, self.pages_per_seq = num_pages, page_size, pages_per_seq
@@ -63,7 +63,7 @@ class PagePool:
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: lowest page first
         self.table = np.full((num_slots, pages_per_seq), num_pages, np.int32)  # NP: no page
         self.held = np.zeros(num_slots, np.int64)  # pages at the head of each table row
-        self.dirty = True
+        self.table_changed = True
         self.peak = 0  # most pages in use at once since `reset_peak`
         self.copied = 0  # pages copied on write (forks from inside a page)
 
@@ -80,6 +80,15 @@ class PagePool:
 
     def pages_for(self, tokens: int) -> int:
         return min(-(-int(tokens) // self.page_size), self.pages_per_seq)
+
+    def copies_for_fork(self, lengths) -> int:
+        """Pages a fork of prefixes of these lengths copies: one per prefix that ends inside a page."""
+        return sum(1 for n in lengths if int(n) % self.page_size)
+
+    def distinct_held(self, slots) -> int:
+        """Distinct pages the sequences in `slots` hold (shared pages counted once)."""
+        held = [self.table[s, : self.held[s]] for s in slots]
+        return len(np.unique(np.concatenate(held))) if held else 0
 
     def need(self, slot: int, tokens: int) -> int:
         """New pages `slot` needs to hold its first `tokens` positions."""
@@ -110,7 +119,7 @@ class PagePool:
                 h = int(self.held[slot])
                 self.table[slot, h : h + n] = self._take(n)
                 self.held[slot] = h + n
-                self.dirty = True
+                self.table_changed = True
 
     def trim(self, slot: int, tokens: int) -> None:
         """Drops the pages of `slot` past its first `tokens` positions."""
@@ -119,7 +128,7 @@ class PagePool:
             self._release(self.table[slot, keep:h])
             self.table[slot, keep:h] = self.num_pages
             self.held[slot] = keep
-            self.dirty = True
+            self.table_changed = True
 
     def free(self, slot: int) -> None:
         self.trim(slot, 0)
@@ -128,7 +137,7 @@ class PagePool:
         """dst[i] shares the full pages of src[i]'s first `lengths[i]` tokens and gets a copy of
         the partial page after them; returns the (source, copy) page pairs to copy on the device.
         All or nothing."""
-        partial = sum(1 for n in lengths if n % self.page_size)
+        partial = self.copies_for_fork(lengths)
         if partial > len(self._free):
             raise OutOfPagesError(f"fork needs {partial} pages, {len(self._free)} of {self.num_pages} free")
         copies_src, copies_dst = [], []
@@ -148,5 +157,5 @@ class PagePool:
                 held += 1
             self.held[d] = held
         self.copied += len(copies_dst)
-        self.dirty = True
+        self.table_changed = True
         return copies_src, copies_dst

@@ -51,11 +51,13 @@ from treegrpo_jax.env.retrieval import SearchResult
 from treegrpo_jax.rollout.agent import (
     LoopCounters,
     StepEnd,
+    StepOutput,
     Trajectory,
     end_step,
     finish_leaf,
     observation_text,
     place_observation,
+    step_budget,
 )
 from treegrpo_jax.rollout.page_pool import OutOfPagesError
 from treegrpo_jax.rollout.sampling import SamplingParams
@@ -173,7 +175,7 @@ class Scheduler:
         self.ready: list[_Walk] = []
         self.inflight: collections.deque = collections.deque()  # (future, walks) in submit order
         self.prompts: list[_Prompt] = []
-        self.pending_forks: list[_Tree] = []  # next rounds waiting for pages
+        self.fork_backlog: list[_Tree] = []  # next rounds waiting for pages
         self.reserved = 0  # slots admitted prompts will still take
         self.admitted = 0
         self.preempted = 0  # prompts sent back to the queue for want of pages
@@ -188,20 +190,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Tree]:
-        pool = concurrent.futures.ThreadPoolExecutor(
+        self.retrieval_threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.cfg.retrieval_workers, thread_name_prefix="retrieval"
         )
-        self.pool = pool
         try:
-            while self.queue or self.decoding or self.ready or self.inflight or self.pending_forks:
+            while self.queue or self.decoding or self.ready or self.inflight or self.fork_backlog:
                 if self.should_stop():
                     raise RolloutCancelled("rollout stopped on request (SIGTERM)")
                 self.ctx.report(t for trees in self.trees.values() for t in trees)
                 self._progress = False
                 self._admit()
                 self._collect(block=False)
-                if self.pending_forks:
-                    self._fork(self._take_pending_forks())
+                if self.fork_backlog:
+                    self._fork(self._take_fork_backlog())
                 self._append_ready()
                 if self.decoding:
                     self._quantum()
@@ -214,7 +215,7 @@ class Scheduler:
         finally:
             # Queued searches are dropped; running ones finish (each is bounded by the retriever's
             # own timeout), so no retrieval thread outlives the rollout that started it.
-            pool.shutdown(wait=True, cancel_futures=True)
+            self.retrieval_threads.shutdown(wait=True, cancel_futures=True)
             for prompt in self.prompts:  # after an error: hand back what is still held
                 if prompt.open_trees:
                     self.ctx.engine.free(prompt.slots)
@@ -260,14 +261,12 @@ class Scheduler:
 
     def _prompt_pages(self, prompt: _Prompt) -> int:
         """Distinct pages the prompt's sequences hold (its trees share the prompt's pages)."""
-        pool = self.ctx.engine.pool
-        held = [pool.table[s, : pool.held[s]] for s in prompt.slots]
-        return len(np.unique(np.concatenate(held))) if held else 0
+        return self.ctx.engine.pages_held(prompt.slots)
 
     def _admit(self) -> None:
         engine, g = self.ctx.engine, self.ctx.search.leaves_per_prompt
         fits = min(len(self.queue), (engine.num_free - self.reserved) // g)
-        if self.admit_after_done and (self.decoding or self.ready or self.inflight or self.pending_forks):
+        if self.admit_after_done and (self.decoding or self.ready or self.inflight or self.fork_backlog):
             # A preempted prompt must not take back the pages its preemption freed for the
             # others (a livelock): it waits until a prompt completes, or nothing else runs.
             return
@@ -313,7 +312,7 @@ class Scheduler:
     def _quantum(self) -> None:
         ctx, engine, cfg = self.ctx, self.ctx.engine, self.ctx.agent
         t0 = time.perf_counter()
-        budget = lambda w: max(1, min(cfg.max_step_tokens - len(w.tokens), engine.room(w.traj.slot) - 1))  # noqa: E731
+        budget = lambda w: step_budget(cfg, len(w.tokens), engine.room(w.traj.slot))  # noqa: E731
         walks, waiting = self._with_pages(
             self.decoding, lambda w: engine.decode_pages_needed([w.traj.slot], self.cfg.quantum, budget(w))
         )
@@ -345,22 +344,7 @@ class Scheduler:
             if not ended:
                 still.append(w)
                 continue
-            node, end = end_step(
-                w.traj,
-                w.tokens,
-                w.logprobs,
-                w.entropies,
-                hit_eos=bool(res.hit_eos[i]),
-                hit_stop=bool(res.hit_stop[i]),
-                hit_context=bool(res.hit_context[i]),
-                room=engine.room(w.traj.slot),
-                env=ctx.env,
-                cfg=cfg,
-                counters=w.tree.prompt.counters,
-            )
-            w.tree.order[node.node_id] = (w.steps, w.branch)
-            w.steps += 1
-            w.tokens, w.logprobs, w.entropies = [], [], []
+            node, end = self._end_step(w, engine.room(w.traj.slot), **res.ending(i))
             if end is StepEnd.LEAF:
                 self._walk_done(w, forks)
             elif end is StepEnd.SEARCH:
@@ -374,6 +358,17 @@ class Scheduler:
         if forks:
             self._fork(forks)
         ctx.times.host += time.perf_counter() - t1
+
+    def _end_step(self, w: _Walk, room: int, **ending: bool) -> tuple[Node, StepEnd]:
+        """Ends walk w's step (the tokens of all its quanta) as a node of its tree."""
+        step = StepOutput(w.tokens, w.logprobs, w.entropies, **ending)
+        node, end = end_step(
+            w.traj, step, room=room, env=self.ctx.env, cfg=self.ctx.agent, counters=w.tree.prompt.counters
+        )
+        w.tree.order[node.node_id] = (w.steps, w.branch)
+        w.steps += 1
+        w.tokens, w.logprobs, w.entropies = [], [], []
+        return node, end
 
     def _with_pages(
         self, walks: list[_Walk], need: Callable[[_Walk], int]
@@ -402,7 +397,7 @@ class Scheduler:
         if len(open_prompts) > 1:
             self._preempt(max(open_prompts, key=lambda p: p.order))
             return
-        if self.pending_forks:
+        if self.fork_backlog:
             raise OutOfPagesError(
                 f"one prompt's tree needs more than the whole pool of {self.ctx.engine.pool.num_pages} pages "
                 "to start its next round; raise rollout.kv_pages or shrink the tree"
@@ -411,21 +406,7 @@ class Scheduler:
         for w in self.decoding + self.ready:  # one prompt, and its walks cannot get a page
             node = w.node if w.state is WalkState.READY else None
             if node is None:
-                node, _ = end_step(
-                    w.traj,
-                    w.tokens,
-                    w.logprobs,
-                    w.entropies,
-                    hit_eos=False,
-                    hit_stop=False,
-                    hit_context=True,
-                    room=0,
-                    env=self.ctx.env,
-                    cfg=self.ctx.agent,
-                    counters=w.tree.prompt.counters,
-                )
-                w.tree.order[node.node_id] = (w.steps, w.branch)
-                w.steps += 1
+                node, _ = self._end_step(w, 0, hit_context=True)
             else:
                 node.obs_tokens = []
                 w.tree.prompt.counters.truncated_leaves += 1
@@ -443,7 +424,7 @@ class Scheduler:
         mine = lambda w: w.tree.prompt is prompt  # noqa: E731
         self.decoding = [w for w in self.decoding if not mine(w)]
         self.ready = [w for w in self.ready if not mine(w)]
-        self.pending_forks = [t for t in self.pending_forks if t.prompt is not prompt]
+        self.fork_backlog = [t for t in self.fork_backlog if t.prompt is not prompt]
         self.ctx.engine.free(prompt.slots)
         prompt.open_trees = 0
         self.reserved -= prompt.reserved
@@ -471,7 +452,7 @@ class Scheduler:
             results = retriever.search(queries, k)
             return results, time.perf_counter() - t0
 
-        self.inflight.append((self.pool.submit(search), walks))
+        self.inflight.append((self.retrieval_threads.submit(search), walks))
 
     def _collect(self, *, block: bool) -> None:
         """Turns finished searches into READY observations."""
@@ -545,20 +526,19 @@ class Scheduler:
             self.ctx.counters.add(prompt.counters)
             self.admit_after_done = False
 
-    def _take_pending_forks(self) -> list[_Tree]:
-        trees, self.pending_forks = self.pending_forks, []
+    def _take_fork_backlog(self) -> list[_Tree]:
+        trees, self.fork_backlog = self.fork_backlog, []
         return trees
 
     def _fork(self, trees: list[_Tree]) -> None:
         """Starts the next round of every tree in `trees` with one cache copy call; trees whose
-        copies find no free page wait in `pending_forks` (the oldest prompts go first)."""
+        copies find no free page wait in `fork_backlog` (the oldest prompts go first)."""
         t0 = time.perf_counter()
         engine = self.ctx.engine
         picks = [(tree.state, self.ctx.pick(tree.state, tree.round)) for tree in trees]
         if engine.paged:
-            size = engine.pool.page_size
-            need = lambda tp: sum(  # noqa: E731  (a partial last page per branch)
-                1 for node, _ in tp[1] if (len(tp[0].tree.path_tokens(node.node_id)[0]) - 1) % size
+            need = lambda tp: engine.fork_pages_needed(  # noqa: E731
+                len(tp[0].tree.path_tokens(node.node_id)[0]) for node, _ in tp[1]
             )
             order = sorted(range(len(trees)), key=lambda i: trees[i].prompt.order)
             free, keep = engine.free_pages, set()
@@ -566,7 +546,7 @@ class Scheduler:
                 if need(picks[i]) <= free:
                     free -= need(picks[i])
                     keep.add(i)
-            self.pending_forks += [t for i, t in enumerate(trees) if i not in keep]
+            self.fork_backlog += [t for i, t in enumerate(trees) if i not in keep]
             trees = [t for i, t in enumerate(trees) if i in keep]
             picks = [p for i, p in enumerate(picks) if i in keep]
             if not trees:
