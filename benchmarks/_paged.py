@@ -30,6 +30,7 @@ import _roofline
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _policy import load_policy
 
 from treegrpo_jax.env.actions import STOP_SEQUENCES
 from treegrpo_jax.model.cascade_attention import cascade_attention
@@ -243,10 +244,15 @@ def _cascade(bc, *, rows=6, own=64, heads=9, kv_heads=3, d=64) -> dict:
 
 def run_paged(bc, model, cfg) -> dict:
     del cfg
-    from rollout import _policy_rows, _policy_setup
-
-    policy, tok, env, agent, _, table = _policy_setup(bc)
-    rows = list(_policy_rows(bc, bc.scheduler_prompts))
+    pol = load_policy(bc, bc.scheduler_prompts)
+    policy, tok, env, agent, table, rows = (
+        pol.model,
+        pol.tokenizer,
+        pol.env,
+        pol.agent,
+        pol.stop_table,
+        list(pol.rows),
+    )
     out: dict = {"prompts": len(rows), "sections": list(bc.paged_sections)}
     want = set(bc.paged_sections)
     if "cascade" in want:

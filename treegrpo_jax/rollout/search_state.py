@@ -99,6 +99,8 @@ class RolloutStats(LoopCounters):
     slots: int = 0  # the pool
     decode_calls: int = 0
     decode_steps: int = 0
+    append_calls: int = 0  # prefill calls (prompts, observations)
+    fork_calls: int = 0
     row_steps: int = 0  # Σ rows computed per step (bucket padding and stopped rows included)
     occupancy: float = 0.0  # generated tokens per decode step / slots in the pool
     rows_in_flight: float = 0.0  # rows asked for per decode step (mean over steps)
@@ -137,7 +139,7 @@ class RolloutStats(LoopCounters):
         self.decoded_tokens, self.prefilled_tokens = es.decoded_tokens, es.prefilled_tokens
         self.forked_tokens = es.forked_tokens
         self.slots, self.decode_calls, self.decode_steps = slots, es.decode_calls, es.decode_steps
-        self.row_steps = es.row_steps
+        self.row_steps, self.append_calls, self.fork_calls = es.row_steps, es.append_calls, es.fork_calls
         self.occupancy = es.decoded_tokens / max(1, es.decode_steps * slots)
         self.waste_fraction = 1.0 - es.decoded_tokens / max(1, es.row_steps)
         self.rows_in_flight = es.live_row_steps / max(1, es.decode_steps)

@@ -1,0 +1,156 @@
+"""`rollout.py --parts=leaf_cost` (issue 26): what a leaf costs, tree against chain, in seconds.
+
+On the policy of `_policy.py` (pass `make demo`'s `--policy_workdir=workdir/tiny` and its
+`--policy_step`) and its first `--scheduler_prompts` train questions, one engine of 6 slots
+per prompt, in-process BM25: tree (2,2,1) and chain 6 (6 leaves per prompt each), each through
+the scheduler and the lock-step loop. Two warm-up keys per case compile the shape buckets;
+then `--repeats` rounds, the four cases interleaved in a rotating order within a round (load
+on the shared machine hits all alike), each round its own key. Medians throughout.
+
+Keys: `tree_vs_chain_wall_per_leaf` beside `tree_vs_chain_decoded_per_leaf` (the token
+saving the wall should show), `scheduler_speedup_vs_lockstep` (tree) and its chain twin,
+`tree_leaves_per_s`, `chain_leaves_per_s`, `prefill_fraction_of_rollout` (tree, scheduler:
+seconds in appends over the wall), the whole phase split per case (decode, append, fork,
+host, retrieval wait), and the decode step at the small dims of `_roofline.py` (embed 128,
+4 heads, 2 KV heads, 4 layers; 128 rows × 256 live of a 1,024 pool, greedy, CPU kernel, f32
+K/V) as a fraction of the read-bandwidth roofline measured in the same run
+(`decode_fraction_of_roofline_small_b128`) and of the larger of the bandwidth and matmul
+floors (`decode_fraction_of_max_bound_small_b128`).
+"""
+
+from __future__ import annotations
+
+import _roofline
+import jax
+import numpy as np
+from _policy import SHAPES, engine_for, load_policy
+
+from treegrpo_jax.model.build import init_model
+from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.decoder import Decoder
+
+PHASES = ("decode", "append", "fork", "host", "retrieval_wait")
+
+
+def _cases():
+    from treegrpo_jax.rollout.scheduler import Driver, SchedulerConfig
+
+    drivers = {"scheduler": SchedulerConfig(), "lockstep": SchedulerConfig(driver=Driver.LOCKSTEP)}
+    return {(shape, d): (SHAPES[shape], sched) for shape in SHAPES for d, sched in drivers.items()}
+
+
+def _summary(stats: list, walls: list[float]) -> dict:
+    """Medians over the rounds of one case (token counts differ by key, so they are medians too)."""
+    med = lambda f: float(np.median([f(s) for s in stats]))  # noqa: E731
+    wall = float(np.median(walls))
+    leaves = med(lambda s: s.leaves)
+    return {
+        "walls_s": walls,
+        "wall_s": wall,
+        "leaves": leaves,
+        "leaves_per_s": float(np.median([s.leaves / w for s, w in zip(stats, walls, strict=True)])),
+        "wall_per_leaf_s": float(np.median([w / s.leaves for s, w in zip(stats, walls, strict=True)])),
+        "decoded_per_leaf": med(lambda s: s.decoded_tokens / s.leaves),
+        "prefilled_per_leaf": med(lambda s: s.prefilled_tokens / s.leaves),
+        "decode_calls": med(lambda s: s.decode_calls),
+        "decode_steps": med(lambda s: s.decode_steps),
+        "append_calls": med(lambda s: s.append_calls),
+        "fork_calls": med(lambda s: s.fork_calls),
+        "rows_per_step": med(lambda s: s.rows_in_flight),
+        "waste_fraction": med(lambda s: s.waste_fraction),
+        **{f"time_{p}_s": med(lambda s, p=p: getattr(s.times, p)) for p in PHASES},
+        **{
+            f"fraction_{p}": float(
+                np.median([getattr(s.times, p) / w for s, w in zip(stats, walls, strict=True)])
+            )
+            for p in PHASES
+        },
+    }
+
+
+def _small_decode(bc) -> dict:
+    """The decode step at the small dims against this machine's ceilings, measured around it."""
+    before, gflops = _roofline.read_bandwidth_gbps(), _roofline.matmul_gflops()
+    cfg = ModelConfig(**_roofline.TINY_DIMS, tie_embeddings=True)
+    model = init_model(cfg, seed=bc.seed)
+    case = _roofline.Case(128, 256, False, "native", "float32")
+    ms = _roofline._time_cases(model, [case], steps=_roofline.STEPS, pool_len=_roofline.POOL_LEN,
+                               repeats=bc.repeats)[case]  # fmt: skip
+    ceilings = _roofline._ceilings(before, _roofline.read_bandwidth_gbps(), gflops)
+    return _roofline._row(cfg, case, ms, ceilings, _roofline.STEPS) | {"ceilings": ceilings}
+
+
+def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
+    """Tree vs chain, scheduler vs lock-step, per leaf in seconds (see the module docstring)."""
+    del model, cfg
+    from treegrpo_jax.rollout.tree_search import rollout
+
+    pol = load_policy(bc, bc.scheduler_prompts)
+    rows = list(pol.rows)
+    engine = engine_for(pol, len(rows))
+    cases = _cases()
+
+    def run(case, key):
+        shape, sched = cases[case]
+        return rollout(engine, pol.env, rows, shape, pol.agent, key=key, scheduler=sched)[1]
+
+    for case in cases:
+        for warm in (1000, 1001):
+            run(case, jax.random.key(warm))
+    print("  leaf_cost: compiled", flush=True)
+    stats: dict = {c: [] for c in cases}
+    names = list(cases)
+    for r in range(bc.repeats):
+        for case in names[r % len(names) :] + names[: r % len(names)]:
+            stats[case].append(run(case, jax.random.key(bc.seed + 1 + r)))
+    runs = {c: _summary(s, [x.wall for x in s]) for c, s in stats.items()}
+    small = _small_decode(bc)
+    get = lambda shape, drv, k: runs[(shape, drv)][k]  # noqa: E731
+    return {
+        "tree_vs_chain_wall_per_leaf": get("tree", "scheduler", "wall_per_leaf_s")
+        / get("chain", "scheduler", "wall_per_leaf_s"),
+        "tree_vs_chain_decoded_per_leaf": get("tree", "scheduler", "decoded_per_leaf")
+        / get("chain", "scheduler", "decoded_per_leaf"),
+        "scheduler_speedup_vs_lockstep": get("tree", "scheduler", "leaves_per_s")
+        / get("tree", "lockstep", "leaves_per_s"),
+        "chain_scheduler_speedup_vs_lockstep": get("chain", "scheduler", "leaves_per_s")
+        / get("chain", "lockstep", "leaves_per_s"),
+        "tree_leaves_per_s": get("tree", "scheduler", "leaves_per_s"),
+        "chain_leaves_per_s": get("chain", "scheduler", "leaves_per_s"),
+        "prefill_fraction_of_rollout": get("tree", "scheduler", "fraction_append"),
+        "decode_fraction_of_roofline_small_b128": small["fraction_of_roofline"],
+        "decode_fraction_of_max_bound_small_b128": small["fraction_of_max_bound"],
+        "leaf_cost": {
+            "policy": pol.name,
+            "prompts": len(rows),
+            "repeats": bc.repeats,
+            "runs": {"/".join(c): v for c, v in runs.items()},
+            "small_decode": small,
+        },
+    }
+
+
+def print_leaf_cost(result: dict) -> None:
+    if "leaf_cost" not in result:
+        return
+    r = result["leaf_cost"]
+    print(f"\nWhat a leaf costs: {r['prompts']} prompts × 6 leaves, {r['policy']}, BM25, "
+          f"median of {r['repeats']} interleaved rounds")  # fmt: skip
+    head = ("case", "leaves/s", "ms/leaf", "tok/leaf", "dec calls", "steps", "rows/step", "appends",
+            "decode", "append", "fork", "host")  # fmt: skip
+    print(f"{head[0]:16}" + "".join(f"{h:>10}" for h in head[1:]))
+    for name, q in r["runs"].items():
+        print(f"{name:16}{q['leaves_per_s']:10.1f}{1e3 * q['wall_per_leaf_s']:10.2f}"
+              f"{q['decoded_per_leaf']:10.1f}{q['decode_calls']:10.0f}{q['decode_steps']:10.0f}"
+              f"{q['rows_per_step']:10.1f}{q['append_calls']:10.0f}"
+              + "".join(f"{q[f'fraction_{p}']:10.0%}" for p in PHASES[:4]))  # fmt: skip
+    s = r["small_decode"]
+    print(f"small-dims decode step (B=128, U=256): {s['ms_per_step']:.2f} ms; memory floor "
+          f"{s['roofline_ms']:.2f} ms at {s['ceilings']['best_gbps']:.1f} GB/s, matmul floor "
+          f"{s['flop_ms']:.2f} ms at {s['ceilings']['matmul_gflops']:.0f} GFLOP/s")  # fmt: skip
+    for key in ("tree_vs_chain_wall_per_leaf", "tree_vs_chain_decoded_per_leaf",
+                "scheduler_speedup_vs_lockstep", "chain_scheduler_speedup_vs_lockstep",
+                "tree_leaves_per_s", "chain_leaves_per_s",
+                "prefill_fraction_of_rollout", "decode_fraction_of_roofline_small_b128",
+                "decode_fraction_of_max_bound_small_b128"):  # fmt: skip
+        print(f"{key}: {result[key]:.3f}")
