@@ -3,9 +3,10 @@
 On the policy of `_policy.py` (pass `make demo`'s `--policy_workdir=workdir/tiny` and its
 `--policy_step`) and its first `--scheduler_prompts` train questions, one engine of 6 slots
 per prompt, in-process BM25: tree (2,2,1) and chain 6 (6 leaves per prompt each), each through
-the scheduler and the lock-step loop. Two warm-up keys per case compile the shape buckets;
-then `--repeats` rounds, the four cases interleaved in a rotating order within a round (load
-on the shared machine hits all alike), each round its own key. Medians throughout.
+the scheduler (its defaults, and with `exit_fraction=0.5`) and the lock-step loop. Two warm-up
+keys per case compile the shape buckets; then `--repeats` rounds, the six cases interleaved in
+a rotating order within a round (load on the shared machine hits all alike), each round its
+own key. Medians throughout.
 
 Keys: `tree_vs_chain_wall_per_leaf` beside `tree_vs_chain_decoded_per_leaf` (the token
 saving the wall should show), `scheduler_speedup_vs_lockstep` (tree) and its chain twin,
@@ -35,7 +36,12 @@ PHASES = ("decode", "append", "fork", "host", "retrieval_wait")
 def _cases():
     from treegrpo_jax.rollout.scheduler import Driver, SchedulerConfig
 
-    drivers = {"scheduler": SchedulerConfig(), "lockstep": SchedulerConfig(driver=Driver.LOCKSTEP)}
+    drivers = {
+        "scheduler": SchedulerConfig(),
+        "lockstep": SchedulerConfig(driver=Driver.LOCKSTEP),
+        # The early-exit knob's previous default: a call returns once half its rows ended.
+        "scheduler_exit0.5": SchedulerConfig(exit_fraction=0.5),
+    }
     return {(shape, d): (SHAPES[shape], sched) for shape in SHAPES for d, sched in drivers.items()}
 
 

@@ -89,7 +89,7 @@ def _paper() -> ConfigDict:
         dict(
             driver="continuous",  # continuous (scheduler, no barriers) | lockstep (the reference)
             quantum=32,  # decode steps per engine call at most (a power of two)
-            exit_fraction=0.5,  # a call returns once this fraction of its rows' steps ended
+            exit_fraction=1.0,  # a call returns once this fraction of its rows' steps ended
             admit_prompts=1,  # queued prompts join this many at a time (measured: 1 is fastest here)
         )
     )

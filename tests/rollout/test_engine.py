@@ -137,6 +137,27 @@ def test_fork_from_a_prefix_of_a_longer_sequence_equals_recompute(model):
     assert eng.stats.forked_tokens == len(node) + len(prompt) + 2
 
 
+def test_a_fork_copies_the_live_span_only_and_equals_recompute(model):
+    """A fork copies a power-of-two span of the source's live prefix, not the whole slot: the
+    destination's old K/V past the span (a longer, different sequence freed before) must never
+    reach a later step. Also at the boundary: a prefix exactly one span long."""
+    eng = Engine(model, num_slots=4, max_len=256, min_rows=2)
+    greedy = SamplingParams.make(2, greedy=True)
+    keys = jax.random.split(jax.random.key(0), 2)
+    a, b, c, d = eng.allocate(4)
+    rng = np.random.default_rng(3)
+    short, boundary = [7, 6, 5, 4, 3, 2, 1, 9, 8, 7], rng.integers(1, TINY.vocab_size, 65).tolist()
+    old = {s: rng.integers(1, TINY.vocab_size, 200).tolist() for s in (b, d)}  # 200 tokens each
+    eng.append({a: short, c: boundary} | old)  # c holds 64 cache rows (its pending token is the 65th)
+    eng.free([b, d])
+    b, d = eng.allocate(2)
+    assert {b, d} == set(old)  # the destinations are the slots holding the old sequences
+    eng.fork([a, c], [b, d])
+    out = eng.decode([b, d], max_new_tokens=6, sampling=greedy, keys=keys)
+    assert out.row(0)[0] == greedy_reference(model, short, 6)
+    assert out.row(1)[0] == greedy_reference(model, boundary, 6)
+
+
 def test_slots_allocate_free_and_reuse(model):
     eng = Engine(model, num_slots=2, max_len=32)
     s0, s1 = eng.allocate(2)

@@ -142,15 +142,21 @@ def cache_abstract(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -
 
 
 def fork_slots(
-    cache: KVCache, src: Int[Array, " N"], dst: Int[Array, " N"], lengths: Int[Array, " N"]
+    cache: KVCache,
+    src: Int[Array, " N"],
+    dst: Int[Array, " N"],
+    lengths: Int[Array, " N"],
+    span: int | None = None,
 ) -> KVCache:
-    """Copies slot src[i] into slot dst[i] and sets dst[i]'s length to lengths[i].
+    """Copies the first `span` positions of slot src[i] into slot dst[i] (all of them when
+    `span` is None) and sets dst[i]'s length to lengths[i] (each ≤ span).
 
-    Copying the whole slot rather than the first `length` tokens keeps the shapes static;
-    positions past the length are never attended to, so the result is the same. A length
-    shorter than the source's starts a branch from a prefix. Pairs with dst == S (out of
-    range) are ignored, which lets callers pad N.
+    A static span keeps the shapes static; positions past a slot's length are never
+    attended to and are overwritten before they are, so what dst held there before does not
+    matter. A length shorter than the source's starts a branch from a prefix. Pairs with
+    dst == S (out of range) are ignored, which lets callers pad N.
     """
-    k = cache.k.at[:, dst].set(cache.k[:, src], mode="drop")
-    v = cache.v.at[:, dst].set(cache.v[:, src], mode="drop")
+    t = cache.k.shape[3] if span is None else span
+    k = cache.k.at[:, dst, :, :t].set(cache.k[:, src, :, :t], mode="drop")
+    v = cache.v.at[:, dst, :, :t].set(cache.v[:, src, :, :t], mode="drop")
     return KVCache(k=k, v=v, lengths=cache.lengths.at[dst].set(lengths, mode="drop"))

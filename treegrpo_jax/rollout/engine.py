@@ -247,9 +247,9 @@ def _decode(
     return jax.lax.while_loop(cond, body, init)
 
 
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def _fork(cache: KVCache, src, dst, lengths):
-    return fork_slots(cache, src, dst, lengths)
+@functools.partial(jax.jit, static_argnames=("span",), donate_argnames=("cache",))
+def _fork(cache: KVCache, src, dst, lengths, *, span):
+    return fork_slots(cache, src, dst, lengths, span)
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -712,7 +712,12 @@ class Engine:
             dst_a = np.full(b, self.num_slots, np.int32)
             len_a = np.zeros(b, np.int32)
             src_a[:n], dst_a[:n], len_a[:n] = src, dst, lengths
-            self.cache = _fork(self.cache, jnp.asarray(src_a), jnp.asarray(dst_a), jnp.asarray(len_a))
+            # Copy the live prefixes only (a power-of-two bucket of the longest): a whole-slot
+            # copy moved max_len positions per branch, most of them never written.
+            span = _bucket(int(lengths.max()), 64, self.max_len)
+            self.cache = _fork(
+                self.cache, jnp.asarray(src_a), jnp.asarray(dst_a), jnp.asarray(len_a), span=span
+            )
         self.lengths[dst] = lengths
         self.pending[dst] = pending
         self.windows[dst] = 0

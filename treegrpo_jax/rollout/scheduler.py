@@ -82,13 +82,15 @@ class Driver(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
-    """How rollouts are driven (values chosen by `benchmarks/rollout.py --parts=scheduler`).
+    """How rollouts are driven (values chosen by `benchmarks/rollout.py --parts=scheduler,leaf_cost`).
 
     Attributes:
       driver: continuous (this module) or lockstep (the reference).
       quantum: decode steps per engine call at most (a power of two: one compile).
       exit_fraction: a call returns once this fraction of its rows' steps ended, so they
-        leave the batch instead of being computed idle.
+        leave the batch instead of being computed idle. 1.0 (a call runs its quantum unless
+        every row ends): on this CPU a decode step costs about its rows, so splitting a
+        round into more, smaller calls (0.5) cost 5–16 % of leaves/s (BENCHMARKS.md §9).
       admit_prompts: queued prompts are admitted only this many at a time (one prefill for
         all), unless nothing else is left to decode.
       retrieval_workers: searches in flight at once (each one batched call): a slow
@@ -97,7 +99,7 @@ class SchedulerConfig:
 
     driver: Driver = Driver.CONTINUOUS
     quantum: int = 32
-    exit_fraction: float = 0.5
+    exit_fraction: float = 1.0
     admit_prompts: int = 1
     retrieval_workers: int = 4
 
