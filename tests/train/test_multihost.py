@@ -26,6 +26,8 @@ ENGINE_USE_KEYS = {
         "slots",
         "decode_calls",
         "decode_steps",
+        "append_calls",
+        "fork_calls",
         "row_steps",
         "occupancy",
         "waste_fraction",
