@@ -15,10 +15,10 @@ small Llama trained from scratch, cold-start SFT on scripted demonstrations, the
   python launch/train.py --config=configs/multihop.py:tiny --workdir=workdir/tiny
 
 The offline pretrained model (SmolLM2-135M-Instruct, its tokenizer and chat template) on the same
-world: `:smollm2` (sized for a GPU: minutes there), `:smollm2,smoke` (1 SFT step, 1 RL step and 4
-evaluation questions: ≤ 3 min on a 2-core CPU).
+world: `:smollm2` (sized for a GPU: minutes there), `:smollm2,cpu` (sized to learn on a 2-core CPU),
+`:smollm2,smoke` (1 SFT step, 1 RL step and 4 evaluation questions: ≤ 3 min on a 2-core CPU).
 
-Variants by argument, comma-separated: `tiny`, `smollm2`, `smoke`, `chain` (GRPO baseline: M=4,
+Variants by argument, comma-separated: `tiny`, `smollm2`, `smoke`, `cpu`, `chain` (GRPO baseline: M=4,
 N=0, L=0, estimator=grpo), `tree_m=4`, `tree_n=5`, `tree_l=1`, `estimator=intra|inter|tree|grpo`,
 `rule=uniform|entropy|last` (where branches start), `credit=sum|mean|sqrt` (shared-prefix credit),
 `hard` (after `tiny`: 5-hop questions and namesake distractor passages), e.g.
@@ -41,6 +41,7 @@ def _paper() -> ConfigDict:
             kv_dtype="auto",  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
             kernels="auto",  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas
             tokenizer_vocab=2048,  # scratch only: BPE vocabulary trained on the corpus
+            remat="none",  # training memory: none | layer (recompute each layer in the backward) | dots
         )
     )
     c.data = ConfigDict(
@@ -237,6 +238,23 @@ def _smollm2(c: ConfigDict) -> ConfigDict:
     return c
 
 
+def _cpu(c: ConfigDict) -> ConfigDict:
+    """`:smollm2,cpu`: SmolLM2 sized to learn on a 2-core CPU through launch/train.py (issue 27).
+    The update is most of an RL step there (benchmarks/rl_step_phases.py, BENCHMARKS.md §10: 4
+    prompts × 6 leaves: rollout ~1 min, packed update ~3 min): one mini-batch (no old-policy pass),
+    no KL reference, per-layer remat (XLA plans 43 GiB of temporaries for a micro-batch without it,
+    3 GiB with it), 12 steps of 4 prompts, 200 evaluation questions (binomial sd 3.2 points at 30%)."""
+    c.model.remat = "layer"
+    c.rl.update(num_minibatches=1, num_microbatches=2, row_multiple=1, kl_coef=0.0, entropy_coef=0.0)
+    c.optim.update(learning_rate=1e-5, warmup_ratio=0.1)
+    c.sft.update(steps=120, batch_rows=8, demonstrations=960)
+    c.data.eval_prompts = 200
+    # 48 slots (an RL step needs 24; evaluations go in waves): each slot holds 2,048 tokens × 30
+    # layers of K/V (94 MB), so sizing the pool to all 200 evaluation questions would take 19 GB.
+    c.run.update(steps=12, prompts_per_step=4, eval_every=6, checkpoint_every=3, rollout_slots=48)
+    return c
+
+
 def _hard(c: ConfigDict) -> ConfigDict:
     """The harder world (issue 20): 5-hop questions and namesake passages (`WorldConfig.distractors`),
     so a cold start has more left to learn. On top of `:tiny`: 600 questions per hop count (2,700
@@ -274,6 +292,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
             c = _smollm2(c)
         elif name == "smoke":
             c = _smoke(c)
+        elif name == "cpu":
+            c = _cpu(c)
         elif name == "hard":
             c = _hard(c)
         elif name == "rule":
@@ -290,6 +310,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         else:
             raise ValueError(
                 f"configs/multihop.py: unknown variant {part!r} "
-                "(tiny, smollm2, smoke, hard, chain, tree_m=, tree_n=, tree_l=, estimator=, rule=, credit=)"
+                "(tiny, smollm2, smoke, cpu, hard, chain, tree_m=, tree_n=, tree_l=, estimator=, rule=, "
+                "credit=)"
             )
     return c

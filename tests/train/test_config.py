@@ -16,16 +16,31 @@ _SPEC.loader.exec_module(multihop)
 
 @pytest.mark.parametrize(
     "arg",
-    ["tiny", "tiny,chain", "tiny,tree_m=4,tree_n=5", "tiny,estimator=intra", "smollm2", "smollm2,smoke"],
+    [
+        "tiny",
+        "tiny,chain",
+        "tiny,tree_m=4,tree_n=5",
+        "tiny,estimator=intra",
+        "smollm2",
+        "smollm2,smoke",
+        "smollm2,cpu",
+        "smollm2,cpu,chain",
+    ],
 )
 def test_variants_parse(arg):
     cfg = from_config_dict(multihop.get_config(arg))
     shape = (cfg.tree.num_trees, cfg.tree.num_picks, cfg.tree.num_rounds)
-    want = {"tiny,chain": (4, 0, 0), "tiny,tree_m=4,tree_n=5": (4, 5, 1), "smollm2,smoke": (2, 1, 1)}
+    want = {
+        "tiny,chain": (4, 0, 0),
+        "tiny,tree_m=4,tree_n=5": (4, 5, 1),
+        "smollm2,smoke": (2, 1, 1),
+        "smollm2,cpu,chain": (4, 0, 0),
+    }
     assert shape == want.get(arg, (2, 2, 1))
     estimator = "intra" if "estimator=intra" in arg else "grpo" if "chain" in arg else "tree"
     assert cfg.loss.estimator.value == estimator
     assert cfg.sft.script.top_k == cfg.agent.top_k  # demonstrations look like rollouts
+    assert cfg.model.remat.value == ("layer" if "cpu" in arg else "none")  # a CPU backward must fit
     assert cfg == from_config_dict(multihop.get_config(arg))  # deterministic, frozen, comparable
 
 
@@ -56,6 +71,7 @@ def test_paper_config_needs_paths_with_a_clear_message():
         (lambda c: c.mesh.update(shape=(-1, -1, 1)), r"config.mesh: mesh.shape"),
         (lambda c: c.run.update(prompts_per_step=7), r"prompts_per_step=7 must be divisible"),
         (lambda c: c.model.update(source="magic"), r"config.model.source='magic'; allowed"),
+        (lambda c: c.model.update(remat="some"), r"config.model.remat='some'; allowed"),
         (lambda c: c.run.update(rollout_slots=3), r"rollout_slots=3 < leaves per prompt"),
         (lambda c: c.data.world.update(num_people=-1), r"config.data.world"),
     ],

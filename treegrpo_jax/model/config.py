@@ -49,6 +49,14 @@ class RopeScaling:
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+class Remat(enum.StrEnum):
+    """What a differentiated forward pass keeps per layer for its backward pass."""
+
+    NONE = "none"  # everything (fastest; a [B, H, T, T] attention block per layer)
+    LAYER = "layer"  # only each layer's input: the backward recomputes the layer (~1.3x the FLOPs)
+    DOTS = "dots"  # also the weight matmuls' outputs; attention is recomputed
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Decoder hyper-parameters. Letters are the dimension legend used across the package.
@@ -70,6 +78,8 @@ class ModelConfig:
       param_dtype: storage dtype of parameters.
       dtype: compute dtype of matmuls (norms, softmax and logits are always f32).
       bos_token_id / eos_token_ids: from the checkpoint, for generation.
+      remat: what training keeps per layer for the backward pass (`Remat`); a training-time
+        choice, not part of the checkpoint: it changes memory and time, never the numbers.
     """
 
     vocab_size: int
@@ -89,6 +99,7 @@ class ModelConfig:
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    remat: Remat = Remat.NONE
 
     def __post_init__(self):
         for name in (
@@ -114,6 +125,9 @@ class ModelConfig:
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        if self.remat not in set(Remat):
+            raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {[r.value for r in Remat]}")
+        object.__setattr__(self, "remat", Remat(self.remat))
 
     @property
     def jnp_param_dtype(self):

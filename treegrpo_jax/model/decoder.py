@@ -32,9 +32,16 @@ from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
 from treegrpo_jax.model.cache import KVCache
 from treegrpo_jax.model.causal_attention import CausalMask, causal_attention
 from treegrpo_jax.model.causal_attention import implementation as causal_implementation
-from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.config import ModelConfig, Remat
 from treegrpo_jax.model.paged_cache import PagedKVCache
 from treegrpo_jax.native import Kernels
+
+# Under `lax.scan` the layer is recomputed once in the backward pass (prevent_cse is not needed
+# inside a scan, and leaving it on blocks fusions).
+_REMAT_POLICIES = {
+    Remat.LAYER: jax.checkpoint_policies.nothing_saveable,
+    Remat.DOTS: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 _NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
 
@@ -209,6 +216,8 @@ class Decoder(nnx.Module):
             o = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
             return self._finish(p, x, o), None
 
+        if self.cfg.remat != Remat.NONE:  # only a differentiated pass sees a difference
+            layer = jax.checkpoint(layer, policy=_REMAT_POLICIES[self.cfg.remat], prevent_cse=False)
         x, _ = jax.lax.scan(layer, self._embed(tokens), self._layer_params())
         return _rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
 

@@ -22,7 +22,7 @@ from treegrpo_jax.env.prompt import load_template
 from treegrpo_jax.env.reward_fn import RewardConfig
 from treegrpo_jax.env.scripted_agent import ScriptConfig
 from treegrpo_jax.model.bpe_train import AGENT_TAGS, SPECIAL_TOKENS
-from treegrpo_jax.model.config import ModelConfig
+from treegrpo_jax.model.config import ModelConfig, Remat
 from treegrpo_jax.model.pretrained import NAMED_MODELS
 from treegrpo_jax.native import Kernels
 from treegrpo_jax.parallel.mesh import MeshConfig
@@ -61,9 +61,11 @@ class ModelSpec:
     kv_dtype: str = "auto"  # rollout K/V storage: auto (f32 on CPU, bf16 on GPU/TPU), float32, bfloat16
     kernels: str = "auto"  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas (paged)
     tokenizer_vocab: int = 2048  # SCRATCH: BPE vocabulary trained on the world's text
+    remat: str = "none"  # training backward: none (keep all) | layer (recompute each layer) | dots
 
     def __post_init__(self):
         object.__setattr__(self, "source", _enum(ModelSource, self.source, "model.source"))
+        object.__setattr__(self, "remat", _enum(Remat, self.remat, "model.remat"))
         if self.source == ModelSource.PRETRAINED and not self.path:
             raise ValueError(
                 "config.model.path is empty: set --config.model.path=/path/to/hf_checkpoint (or a .gguf)"
@@ -313,7 +315,7 @@ _DATA_EXTENSIONS = (".parquet", ".jsonl")
 _DTYPES = ("float32", "bfloat16", "float16")  # ModelConfig's compute / storage dtypes
 _KV_DTYPES = ("auto", "float32", "bfloat16")  # the rollout engine's stored K/V
 # ModelConfig fields a config file never sets: the tokenizer and the `model` block give them.
-_DERIVED_MODEL_FIELDS = {"vocab_size", "dtype", "param_dtype", "eos_token_ids", "bos_token_id"}
+_DERIVED_MODEL_FIELDS = {"vocab_size", "dtype", "param_dtype", "eos_token_ids", "bos_token_id", "remat"}
 
 
 def _check_int(key: str, value, minimum: int, note: str = "") -> None:

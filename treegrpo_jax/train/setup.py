@@ -199,7 +199,13 @@ def make_model(
 ) -> tuple[Decoder, ModelConfig, Tokenizer]:
     dtype = compute_dtype_for_backend(cfg.model.dtype)
     if cfg.model.source == ModelSource.PRETRAINED:
-        return load_pretrained(cfg.model.path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=dtype)
+        model, model_cfg, tokenizer = load_pretrained(
+            cfg.model.path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=dtype
+        )
+        # Remat is how training runs, not what the checkpoint holds: set it on the loaded model.
+        model_cfg = dataclasses.replace(model_cfg, remat=cfg.model.remat)
+        model.cfg = model_cfg
+        return model, model_cfg, tokenizer
     assert tokenizer is not None
     model_cfg = ModelConfig(
         vocab_size=tokenizer.vocab_size,
@@ -208,6 +214,7 @@ def make_model(
         param_dtype=cfg.model.param_dtype,
         eos_token_ids=tokenizer.eos_ids,
         max_position_embeddings=cfg.run.context_len,
+        remat=cfg.model.remat,
     )
     return init_model(model_cfg, seed=cfg.run.seed, mesh=mesh), model_cfg, tokenizer
 

@@ -36,6 +36,7 @@ from treegrpo_jax.rollout.tree_search import RolloutCancelled, rollout
 from treegrpo_jax.train import multihost, setup
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
+from treegrpo_jax.train.compile_clock import compile_seconds
 from treegrpo_jax.train.config import ModelSource, TrainConfig
 from treegrpo_jax.train.evaluate import format_table, leaf_metrics
 from treegrpo_jax.train.export import save_model_config
@@ -291,7 +292,7 @@ class Trainer:
         """Step `run.step + 1`: this host's prompts → trees → the update; returns the new position,
         the step's metrics (reduced over hosts) and this host's trees."""
         cfg, step = self.cfg, run.step
-        t0 = time.perf_counter()
+        t0, compiled0 = time.perf_counter(), compile_seconds()
         before = RunState(run.state, step, {"loader": self.loader.get_state()}, None)  # checkpoint `step`
         rows = next(self.loader)
         first_prompt = jax.process_index() * len(rows)  # this host's first prompt of the step
@@ -322,7 +323,10 @@ class Trainer:
         metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
         host = leaf_metrics(trees, "train")  # every host has as many leaves: means of means are exact
         host.update({f"rollout/{k}": float(v) for k, v in rstats.as_dict().items()})
-        host["time/rollout_s"], host["time/step_s"] = t1 - t0, time.perf_counter() - t0
+        t2 = time.perf_counter()
+        host["time/rollout_s"], host["time/update_s"], host["time/step_s"] = t1 - t0, t2 - t1, t2 - t0
+        # New batch shapes recompile the step; this is how much of the step that was.
+        host["time/compile_s"] = compile_seconds() - compiled0
         now = setup.retriever_faults(self.retriever)  # this step's retries, timeouts, bad bodies, ...
         host.update({f"rollout/retriever_{k}": float(now[k] - self.faults[k]) for k in now})
         self.faults = now
