@@ -73,6 +73,9 @@ def cold_start(
         idx = batches.pop()
         batch = shard_batch(build_batch([path_rows[i] for i in idx], layout), mesh)
         state, metrics = step_fn(state, batch, None)
+        # Wait for the step: dispatch is asynchronous, and a bar that counts dispatched steps ran
+        # ten steps ahead of the work and then sat still for minutes (SmolLM2 on CPU).
+        jax.block_until_ready(metrics["loss"])
         if step % 10 == 0 or step == sft.steps - 1:
             m = jax.device_get(metrics)
             bar.set_postfix(nll=f"{float(m['loss']):.3f}")
