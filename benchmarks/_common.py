@@ -1,4 +1,5 @@
-"""Helpers every part of `rollout.py` shares: timing, interleaving, the environment record."""
+"""Helpers the benchmarks share (every part of `rollout.py`, train_step.py, rl_step_phases.py):
+timing, interleaving, the environment record."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of `fn()`, each blocked until its result is ready."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def round_robin(measures: dict, repeats: int) -> dict[object, list[float]]:

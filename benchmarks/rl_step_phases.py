@@ -23,7 +23,6 @@ import dataclasses
 import gc
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import median_time  # noqa: E402
 from _roofline import matmul_gflops, read_bandwidth_gbps  # noqa: E402
 
 from treegrpo_jax.model.config import Remat  # noqa: E402
@@ -70,15 +70,6 @@ def load_config(spec: str, overrides: list[str]):
             node = node[p]
         node[leaf] = value
     return from_config_dict(c)
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -163,7 +154,7 @@ def main() -> None:
             t0 = time.perf_counter()
             fwd_c = fwd.lower(st.params, batch).compile()
             fwd_compile = time.perf_counter() - t0
-            fwd_s = _median_time(lambda c=fwd_c, p=st.params, b=batch: c(p, b), args.repeats)
+            fwd_s = median_time(lambda c=fwd_c, p=st.params, b=batch: c(p, b), args.repeats)
             print(f"  remat={remat.value}: forward {fwd_s:.1f} s (compile {fwd_compile:.0f} s)", flush=True)
 
             step = jit_train_step(shardings, loss_cfg=cfg.loss, optim_cfg=cfg.optim, mesh=trainer.mesh)
@@ -183,7 +174,7 @@ def main() -> None:
                 return m
 
             try:
-                update_s = _median_time(update, args.repeats)
+                update_s = median_time(update, args.repeats)
             except jax.errors.JaxRuntimeError as e:  # remat=none can ask for more than the machine has
                 if "RESOURCE_EXHAUSTED" not in str(e):
                     raise

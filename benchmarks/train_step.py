@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _common import median_time
 from flax import nnx
 
 from treegrpo_jax.env.actions import STOP_SEQUENCES
@@ -72,15 +73,6 @@ BENCH_MODEL = ModelConfig(
 )
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def matmul_peak(n: int, repeats: int) -> dict[str, float]:
     """FLOP/s of a jitted n³ matmul, f32 and bf16-in/f32-accumulate."""
     key = jax.random.key(0)
@@ -92,8 +84,8 @@ def matmul_peak(n: int, repeats: int) -> dict[str, float]:
     jax.block_until_ready((f32(a, b), bf16(ab, bb)))
     flops = 2 * n**3
     return {
-        "f32": flops / _median_time(lambda: f32(a, b), repeats),
-        "bf16": flops / _median_time(lambda: bf16(ab, bb), repeats),
+        "f32": flops / median_time(lambda: f32(a, b), repeats),
+        "bf16": flops / median_time(lambda: bf16(ab, bb), repeats),
     }
 
 
@@ -240,7 +232,7 @@ def advantage_speed(num_rows: int, repeats: int) -> dict[str, float]:
     mask = np.ones(num_rows, bool)
     args = [jnp.asarray(x) for x in (rewards, tree_ids, prompt_ids, mask)]
     got = np.asarray(advantages.compute(*args, "tree"))
-    jitted_s = _median_time(lambda: advantages.compute(*args, "tree"), repeats)
+    jitted_s = median_time(lambda: advantages.compute(*args, "tree"), repeats)
     t0 = time.perf_counter()
     want = _loop_advantages(rewards.astype(np.float64), tree_ids, prompt_ids)
     loop_s = time.perf_counter() - t0
