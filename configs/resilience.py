@@ -25,7 +25,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c = _multihop.get_config("tiny")
     c.model.dims = dict(embed_dim=32, mlp_dim=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
     c.model.tokenizer_vocab = 384  # small corpus, small vocabulary
-    c.data.world = dict(
+    c.data.world.update(
         seed=1,
         num_people=24,
         num_cities=8,
@@ -41,7 +41,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # search (the retriever is then really called during the RL steps), cheap enough for a check.
     c.sft.update(steps=16, batch_rows=8, demonstrations=32)
     c.sft.optim.update(learning_rate=3e-2)  # loud on purpose: a few searches per RL step after 16 steps
-    c.sft.script = dict(skip_think_rate=1.0, wrong_answer_rate=0.0, misspelled_query_rate=0.0, guess_rate=0.0)
+    c.sft.script.update(skip_think_rate=1.0, wrong_answer_rate=0.0, misspelled_query_rate=0.0, guess_rate=0.0)
     c.agent.update(max_step_tokens=16)  # short steps: cheap rollouts
     c.rl.update(length_buckets=(256, 512), num_minibatches=1, kl_coef=0.001)  # KL on: reference saved
     c.run.update(

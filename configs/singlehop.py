@@ -24,6 +24,6 @@ _SPEC.loader.exec_module(_multihop)
 def get_config(arg: str | None = None):
     c = _multihop.get_config(arg)
     if c.data.kind == "synthetic":  # the tiny variant: single-hop questions only
-        c.data.world = dict(c.data.world, questions_per_hop=(1600, 0, 0, 0))
+        c.data.world.questions_per_hop = (1600, 0, 0, 0)
         c.agent.update(max_tool_calls=2, max_turns=3)
     return c

@@ -2,20 +2,21 @@
 
   python launch/train.py --config=configs/multihop.py:tiny --workdir=workdir/tiny
 
-Re-running the same command resumes from the latest checkpoint in --workdir.
+Every field can be set: `--config.<block>.<field>=VALUE` (e.g. `--config.optim.b2=0.95`).
+Re-running the same command resumes from the latest checkpoint in --workdir; so does
+`python launch/train.py --workdir=W` alone, with the run's own W/config.json.
 """
 
 import logging
+import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from treegrpo_jax.train.config import from_config_dict
+from treegrpo_jax.train import cli
+from treegrpo_jax.train.config_dict import ConfigChangedError
 from treegrpo_jax.train.loop import train_and_evaluate
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file (e.g. configs/multihop.py:tiny).", lock_config=True
-)
+_CONFIG = cli.define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and plots go here.", required=True)
 
 
@@ -25,9 +26,12 @@ def main(argv):
     # Orbax logs every checkpoint phase at INFO through absl; keep the console to the progress
     # bars, eval tables and warnings.
     logging.getLogger("absl").setLevel(logging.WARNING)
-    train_and_evaluate(from_config_dict(_CONFIG.value), _WORKDIR.value)
+    try:
+        train_and_evaluate(cli.train_config(_CONFIG.value, _WORKDIR.value), _WORKDIR.value)
+    except ConfigChangedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

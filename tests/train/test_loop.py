@@ -1,6 +1,7 @@
 """The whole `:tiny` pipeline at toy sizes: cold start, Tree-GRPO steps, eval, checkpoints,
 SIGTERM + resume equal to an uninterrupted run, the eval CLI, and the HF export."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ import pytest
 
 from tests.train.toy import toy_config
 from treegrpo_jax.train import metrics as metrics_lib
+from treegrpo_jax.train.config import from_config_dict
+from treegrpo_jax.train.config_dict import ConfigChangedError, load_run_config
 from treegrpo_jax.train.eval_main import evaluate_checkpoint
 from treegrpo_jax.train.loop import train_and_evaluate
 from treegrpo_jax.train.metrics import read_metrics
@@ -84,6 +87,10 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tmp_path, monke
         train_and_evaluate(toy_config(), workdir)
     assert stop.value.code == 0
     monkeypatch.setattr(metrics_lib.MetricsWriter, "write", write)
+    assert from_config_dict(load_run_config(workdir)) == toy_config()  # WORKDIR/config.json
+    changed = dataclasses.replace(toy_config(), optim=dataclasses.replace(toy_config().optim, b2=0.95))
+    with pytest.raises(ConfigChangedError, match=r"optim\.b2: 0\.999 → 0\.95"):
+        train_and_evaluate(changed, workdir)  # refused before anything loads
     train_and_evaluate(toy_config(), workdir)  # the same command again: resumes at step 1
     got = [r for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if "train/reward_mean" in r]
     want = [r for r in read_metrics(os.path.join(workdir_ref, "metrics.jsonl")) if "train/reward_mean" in r]

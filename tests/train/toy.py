@@ -17,7 +17,7 @@ def toy_config_dict(steps=3):
     c = multihop.get_config("tiny")
     c.model.dims = dict(embed_dim=32, mlp_dim=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
     c.model.tokenizer_vocab = 384
-    c.data.world = dict(
+    c.data.world.update(
         seed=1,
         num_people=24,
         num_cities=8,

@@ -187,6 +187,7 @@ class RunSpec:
     coordinator_address: str = ""
     num_processes: int = 0
     process_id: int = -1
+    allow_config_change: bool = False  # resume although the config differs from WORKDIR/config.json
 
     def __post_init__(self):
         for name in (
@@ -202,7 +203,7 @@ class RunSpec:
         _check_int("run.seed", self.seed, 0)
         _check_int("run.rollout_slots", self.rollout_slots, 0, "(0 = one per leaf of every prompt)")
         _check_int("run.render_trees", self.render_trees, 0)
-        for name in ("tensorboard", "distributed"):
+        for name in ("tensorboard", "distributed", "allow_config_change"):
             _check_bool(f"run.{name}", getattr(self, name))
         if not isinstance(self.num_processes, int) or self.num_processes < 0:
             raise ValueError(f"config.run.num_processes must be an int ≥ 0, got {self.num_processes!r}")

@@ -52,7 +52,9 @@ def run_header(
         f"cold start {cfg.sft.steps if cfg.sft else 0} SFT steps",
         f"devices  {len(devices)} × {devices[0].platform} ({devices[0].device_kind}) on "
         f"{jax.process_count()} process(es); mesh {mesh_txt}",
-        f"workdir  {workdir}" + (f" (resuming from step {resumed_from})" if resumed_from is not None else ""),
+        f"workdir  {workdir}"
+        + (f" (resuming from step {resumed_from})" if resumed_from is not None else "")
+        + f"; config in {workdir}/config.json",
     ]
     return "\n".join(lines)
 

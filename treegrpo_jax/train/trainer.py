@@ -38,6 +38,7 @@ from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
 from treegrpo_jax.train.compile_clock import compile_seconds
 from treegrpo_jax.train.config import ModelSource, TrainConfig
+from treegrpo_jax.train.config_dict import check_run_config
 from treegrpo_jax.train.evaluate import format_table, leaf_metrics
 from treegrpo_jax.train.export import save_model_config
 from treegrpo_jax.train.metrics import MetricsWriter, read_metrics, reduce_across_processes
@@ -94,6 +95,10 @@ class Trainer:
         os.makedirs(workdir, exist_ok=True)
         self.cfg, self.workdir = cfg, workdir
         self.primary = jax.process_index() == 0
+        self.ckpt = Checkpointer(
+            workdir, CheckpointConfig(keep=cfg.run.keep_checkpoints, every_steps=cfg.run.checkpoint_every)
+        )
+        self._check_run_config()
         self.mesh = make_mesh(cfg.mesh) if jax.device_count() > 1 else None
         self.preempted = _Preempted()
         with multihost.primary_first("setup"):  # process 0 writes the world and the tokenizer once
@@ -115,9 +120,6 @@ class Trainer:
             tensorboard=cfg.run.tensorboard,
             wandb_project=cfg.run.wandb_project or None,
             is_primary=self.primary,
-        )
-        self.ckpt = Checkpointer(
-            workdir, CheckpointConfig(keep=cfg.run.keep_checkpoints, every_steps=cfg.run.checkpoint_every)
         )
         self.plots_dir = os.path.join(workdir, "plots")
         os.makedirs(self.plots_dir, exist_ok=True)
@@ -152,6 +154,14 @@ class Trainer:
             kernels=cfg.model.kernels,
             kv_cache=cfg.kv_cache,
         )
+
+    def _check_run_config(self) -> None:
+        """A resume runs the config its checkpoints were trained with (WORKDIR/config.json)."""
+        changes = check_run_config(
+            self.workdir, self.cfg, resuming=self.ckpt.latest_step() is not None, write=self.primary
+        )
+        if changes:
+            log.warning("resuming with a changed config (run.allow_config_change): %s", "; ".join(changes))
 
     def _header(self, resumed_from: int | None) -> str:
         cfg = self.cfg
