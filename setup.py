@@ -2,40 +2,51 @@
 
 import setuptools
 
-# Versions pinned to the set seen working together (see README "Pinned versions").
+# Compatible ranges: what the code needs (>= the versions it was seen working with, below the next
+# release that may break it: the next minor for 0.x libraries, the next major otherwise). The exact
+# set seen working together is constraints.txt, which `make` installs with `pip install -c`.
 INSTALL_REQUIRES = [
-    "jax==0.10.2",
-    "jaxlib==0.10.2",
-    "flax==0.12.8",
-    "optax==0.2.8",
-    "orbax-checkpoint==0.12.8",
-    "transformers==5.24.0",
-    "tokenizers==0.23.3",
-    "safetensors==0.8.0",
-    "ml-collections==1.1.0",
-    "bm25s==0.3.16",
-    "gguf==0.19.0",
-    "jaxtyping==0.3.9",
+    "jax>=0.10.2,<0.11",
+    "jaxlib>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "transformers>=5.24,<6",
+    "tokenizers>=0.23.3,<0.24",
+    "jinja2>=3.1,<4",  # transformers' apply_chat_template (the pretrained path, launch/generate)
+    "safetensors>=0.8,<1",
+    "ml-collections>=1.1,<2",
+    "absl-py>=2.1,<3",
+    "etils>=1.7,<2",  # epath, for the TFDS builder
+    "bm25s>=0.3.16,<0.4",
+    "gguf>=0.19,<0.20",
+    "jaxtyping>=0.3.9,<0.4",
     "numpy>=2.0,<3",
-    "pyarrow>=15",
-    "tqdm>=4.66",
-    "matplotlib>=3.8",
-    "tensorboardX>=2.6",
-    "absl-py>=2.1",
-    "tensorflow-datasets==4.9.10",  # array_record path only; TensorFlow is never installed
-    "grain==0.2.18",
-    "array-record==0.8.6",
+    "pyarrow>=15,<27",
+    "tqdm>=4.66,<5",
+    "matplotlib>=3.8,<4",
+    "tensorboardX>=2.6,<3",
+    "tensorflow-datasets>=4.9.10,<5",  # array_record path only; TensorFlow is never installed
+    "array-record>=0.8.6,<0.9",
 ]
 
 EXTRAS_REQUIRE = {
     # Reference implementations for parity tests; torch is the CPU build.
-    "test": ["pytest>=8", "ruff==0.14.10", "torch==2.13.0", "accelerate>=1.0"],
+    "test": ["pytest>=8,<10", "ruff==0.14.10", "torch>=2.13,<3", "accelerate>=1.0,<2", "grain>=0.2.18,<0.3"],
     # Peers measured side by side in benchmarks/. Tunix 0.1.7 pins safetensors<0.8, which conflicts
     # with ours, so `make bench-install` adds it without its dependency pins (its sampler runs fine).
-    "bench": ["torch==2.13.0", "accelerate>=1.0"],
-    "tpu": ["jax[tpu]==0.10.2"],
-    "cuda": ["jax[cuda12]==0.10.2"],
+    "bench": ["torch>=2.13,<3", "accelerate>=1.0,<2"],
+    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+    "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
 }
+
+CONSOLE_SCRIPTS = [
+    "treegrpo-train=treegrpo_jax.launch.train:run",
+    "treegrpo-eval=treegrpo_jax.launch.eval:run",
+    "treegrpo-generate=treegrpo_jax.launch.generate:run",
+    "treegrpo-export-hf=treegrpo_jax.launch.export_hf:run",
+    "treegrpo-serve-retriever=treegrpo_jax.launch.serve_retriever:run",
+]
 
 setuptools.setup(
     name="treegrpo_jax",
@@ -47,4 +58,5 @@ setuptools.setup(
     package_data={"treegrpo_jax": ["env/templates/*.txt", "native/*.cc", "native/*.h"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -1,29 +1,9 @@
-"""Tree-GRPO on single-hop QA (NQ train), the paper's second setting.
+"""The single-hop QA config (NQ).
 
-Same as configs/multihop.py but trained on NQ: the paper reports small gains there (tree@4 50.0 vs
-chain@16 51.2 EM), as one search usually suffices.
-
-  python launch/train.py --config=configs/singlehop.py --workdir=/tmp/run_nq \
-    --config.model.path=/ckpt/Qwen2.5-3B-Instruct \
-    --config.data.train_files=nq_train.parquet \
-    --config.data.test_files=nq.parquet,triviaqa.parquet,popqa.parquet \
-    --config.retriever.url=http://127.0.0.1:8000/retrieve
-
-Variants are those of configs/multihop.py (`tiny`, `chain`, `tree_m=`, ...); `:tiny` keeps only
-1-hop questions of the synthetic world.
+The config ships in the package, `treegrpo_jax/configs/singlehop.py` (its variants are documented
+there); this file keeps the design card's top-level `configs/`.
 """
 
-import importlib.util
-import pathlib
+from treegrpo_jax.configs.singlehop import get_config
 
-_SPEC = importlib.util.spec_from_file_location("multihop", pathlib.Path(__file__).with_name("multihop.py"))
-_multihop = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_multihop)
-
-
-def get_config(arg: str | None = None):
-    c = _multihop.get_config(arg)
-    if c.data.kind == "synthetic":  # the tiny variant: single-hop questions only
-        c.data.world.questions_per_hop = (1600, 0, 0, 0)
-        c.agent.update(max_tool_calls=2, max_turns=3)
-    return c
+__all__ = ["get_config"]

@@ -1,28 +1,10 @@
-"""Export a training checkpoint as an HF checkpoint (safetensors) that `transformers` loads.
+"""Export a checkpoint as an HF checkpoint.
 
-  python launch/export_hf.py --workdir=workdir/tiny --out=exported/tiny [--step=N]
-
-The model config comes from WORKDIR/model_config.json and the tokenizer (when the run saved
-one) from WORKDIR/tokenizer/; without --step the latest checkpoint is exported.
+The program is `treegrpo_jax/launch/export_hf.py` (its usage is there and in `--help`); an installed
+wheel has it as `treegrpo-export-hf`.
 """
 
-import logging
-
-from absl import app, flags
-
-from treegrpo_jax.train.export import export_from_workdir
-
-_WORKDIR = flags.DEFINE_string("workdir", None, "The training run's directory.", required=True)
-_OUT = flags.DEFINE_string("out", None, "HF checkpoint directory to write.", required=True)
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
-
-
-def main(argv):
-    del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    step = export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
-    print(f"exported step {step} of {_WORKDIR.value} to {_OUT.value}")
-
+from treegrpo_jax.launch.export_hf import run
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

@@ -1,37 +1,10 @@
 """Train with Tree-GRPO.
 
-  python launch/train.py --config=configs/multihop.py:tiny --workdir=workdir/tiny
-
-Every field can be set: `--config.<block>.<field>=VALUE` (e.g. `--config.optim.b2=0.95`).
-Re-running the same command resumes from the latest checkpoint in --workdir; so does
-`python launch/train.py --workdir=W` alone, with the run's own W/config.json.
+The program is `treegrpo_jax/launch/train.py` (its usage is there and in `--help`); an installed
+wheel has it as `treegrpo-train`.
 """
 
-import logging
-import sys
-
-from absl import app, flags
-
-from treegrpo_jax.train import cli
-from treegrpo_jax.train.config_dict import ConfigChangedError
-from treegrpo_jax.train.loop import train_and_evaluate
-
-_CONFIG = cli.define_config_flag()
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and plots go here.", required=True)
-
-
-def main(argv):
-    del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Orbax logs every checkpoint phase at INFO through absl; keep the console to the progress
-    # bars, eval tables and warnings.
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    try:
-        train_and_evaluate(cli.train_config(_CONFIG.value, _WORKDIR.value), _WORKDIR.value)
-    except ConfigChangedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
+from treegrpo_jax.launch.train import run
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    run()

@@ -8,6 +8,7 @@ config read back from a workdir.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -17,6 +18,7 @@ from treegrpo_jax.train.config import TrainConfig, from_config_dict
 from treegrpo_jax.train.config_dict import CONFIG_FILE, flat_keys, load_run_config, nearest_keys
 
 _PREFIX = "--config."
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def define_config_flag() -> flags.FlagHolder:
@@ -65,9 +67,26 @@ def unknown_override(argv: list[str]) -> str | None:
     return None
 
 
+def bundled_config(argv: list[str]) -> list[str]:
+    """`argv` with `--config=PATH[:variants]` pointed at the packaged config of PATH's file name
+    when PATH does not exist here (an installed wheel run outside the repository:
+    `--config=multihop.py:tiny` or `--config=configs/multihop.py:tiny`)."""
+    out = []
+    for a in argv:
+        if a.startswith("--config="):
+            path, sep, variants = a[len("--config=") :].partition(":")
+            name = os.path.basename(path) if path.endswith(".py") else f"{path}.py"
+            packaged = os.path.join(_CONFIGS, name)
+            if not os.path.exists(path) and os.path.exists(packaged):
+                a = f"--config={packaged}{sep}{variants}"
+        out.append(a)
+    return out
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with a bad `--config.KEY` reported in one line (exit 2), not as
     ml_collections' AttributeError traceback."""
+    argv = bundled_config(argv)
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:

@@ -1,0 +1,28 @@
+"""Evaluate a checkpoint (latest by default) on the config's test sets; prints EM per source.
+
+python launch/eval.py --workdir=workdir/tiny [--step=N]
+
+The run's own config (WORKDIR/config.json) is used unless `--config=` (and overrides) is given.
+"""
+
+import logging
+
+from absl import app, flags
+
+from treegrpo_jax.train import cli
+from treegrpo_jax.train.eval_main import evaluate_checkpoint
+
+_CONFIG = cli.define_config_flag()
+_WORKDIR = flags.DEFINE_string("workdir", None, "The training workdir.", required=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+
+
+def main(argv):
+    del argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    evaluate_checkpoint(cli.train_config(_CONFIG.value, _WORKDIR.value), _WORKDIR.value, step=_STEP.value)
+
+
+def run() -> None:
+    """`treegrpo-eval` (and `python launch/eval.py`)."""
+    app.run(main, flags_parser=cli.parse_flags)
