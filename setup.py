@@ -32,7 +32,14 @@ INSTALL_REQUIRES = [
 
 EXTRAS_REQUIRE = {
     # Reference implementations for parity tests; torch is the CPU build.
-    "test": ["pytest>=8,<10", "ruff==0.14.10", "torch>=2.13,<3", "accelerate>=1.0,<2", "grain>=0.2.18,<0.3"],
+    "test": [
+        "pytest>=8,<10",
+        "ruff==0.14.10",
+        "torch>=2.13,<3",
+        "accelerate>=1.0,<2",
+        "grain>=0.2.18,<0.3",
+        "portpicker>=1.6,<2",
+    ],
     # Peers measured side by side in benchmarks/. Tunix 0.1.7 pins safetensors<0.8, which conflicts
     # with ours, so `make bench-install` adds it without its dependency pins (its sampler runs fine).
     "bench": ["torch>=2.13,<3", "accelerate>=1.0,<2"],

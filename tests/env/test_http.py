@@ -11,13 +11,13 @@ import http.server
 import json
 import os
 import selectors
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 
+import portpicker
 import pytest
 
 from tests.env.conftest import CORPUS
@@ -240,9 +240,7 @@ def test_slow_server_times_out_then_retry_succeeds():
 
 
 def test_dead_server_gives_error_results_quickly():
-    with socket.socket() as s:  # Find a port, then leave it closed: nothing listens there.
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = portpicker.pick_unused_port()  # nothing listens there
     client = _client(f"http://127.0.0.1:{port}/retrieve")
     start = time.monotonic()
     results = client.search(["a", "b", "c"], k=3)

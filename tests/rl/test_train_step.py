@@ -1,6 +1,7 @@
 """The jitted step: micro-batch accumulation = one big batch; non-finite updates skipped; SFT learns."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -148,6 +149,36 @@ def test_learning_rate_schedule_and_optim_config():
         OptimConfig(warmup_ratio=1.5)
     with pytest.raises(ValueError, match="OptimConfig.schedule"):
         OptimConfig(schedule="linear")
+
+
+def _closed_form_lr(cfg, s):
+    """The schedule as written in rl/optim.py's docstring, one step at a time."""
+    w = cfg.warmup_steps
+    if s < w:
+        return cfg.learning_rate * s / w
+    if cfg.schedule == "constant":
+        return cfg.learning_rate
+    frac = min(max((s - w) / max(cfg.total_steps - w, 1), 0.0), 1.0)
+    return cfg.learning_rate * (
+        cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(learning_rate=1e-6, warmup_ratio=0.285, total_steps=180),  # the paper's
+        dict(learning_rate=3e-3, warmup_ratio=0.05, total_steps=1200, schedule="cosine", min_lr_ratio=0.05),
+        dict(learning_rate=1e-4, warmup_ratio=0.1, total_steps=8),
+        dict(learning_rate=1.0, warmup_ratio=0.0, total_steps=7, schedule="cosine"),
+        dict(learning_rate=1.0, warmup_ratio=0.5, total_steps=1, schedule="cosine", min_lr_ratio=0.3),
+    ],
+)
+def test_the_optax_schedule_is_the_closed_form(kw):
+    cfg = OptimConfig(**kw)
+    steps = range(cfg.total_steps + 3)  # past the end: held at the floor
+    got = jax.jit(jax.vmap(lambda s: learning_rate(cfg, s)))(jnp.arange(len(steps)))
+    np.testing.assert_allclose(got, [_closed_form_lr(cfg, s) for s in steps], rtol=2e-6, atol=1e-12)
 
 
 def test_kl_without_reference_params_is_a_clear_error(tiny_model, rows):

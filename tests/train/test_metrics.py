@@ -4,7 +4,6 @@ import json
 import logging
 import math
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import textwrap
 
 import jax.numpy as jnp
 import numpy as np
+import portpicker
 import pytest
 from tensorboardX.proto import event_pb2
 
@@ -152,9 +152,7 @@ _REDUCE = textwrap.dedent(
 
 
 def test_reduce_across_two_processes():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = portpicker.pick_unused_port()
     env = dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
     procs = [
         subprocess.Popen(

@@ -7,12 +7,12 @@ checkpoint is written once. A one-process run of the same config is the referenc
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import portpicker
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +36,6 @@ ENGINE_USE_KEYS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(workdir, process_id, num_processes, port):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -59,7 +53,7 @@ def _launch(workdir, process_id, num_processes, port):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     one, two = tmp_path_factory.mktemp("one_process"), tmp_path_factory.mktemp("two_processes")
-    port = _free_port()
+    port = portpicker.pick_unused_port()
     procs = [_launch(two, 0, 2, port), _launch(two, 1, 2, port), _launch(one, 0, 1, 0)]
     for proc in procs:
         out, _ = proc.communicate(timeout=900)

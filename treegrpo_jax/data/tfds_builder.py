@@ -62,11 +62,8 @@ class QADatasetConfig(tfds.core.BuilderConfig):
 
 
 def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _source_fingerprint(config: QADatasetConfig) -> dict[str, str]:

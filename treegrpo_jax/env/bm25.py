@@ -118,11 +118,8 @@ def read_corpus(path: str) -> _Docs:
 
 
 def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _default_cache_dir() -> str:

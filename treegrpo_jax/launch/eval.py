@@ -5,8 +5,6 @@ python launch/eval.py --workdir=workdir/tiny [--step=N]
 The run's own config (WORKDIR/config.json) is used unless `--config=` (and overrides) is given.
 """
 
-import logging
-
 from absl import app, flags
 
 from treegrpo_jax.train import cli
@@ -19,7 +17,6 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     evaluate_checkpoint(cli.train_config(_CONFIG.value, _WORKDIR.value), _WORKDIR.value, step=_STEP.value)
 
 

@@ -6,8 +6,6 @@ The model config comes from WORKDIR/model_config.json and the tokenizer (when th
 one) from WORKDIR/tokenizer/; without --step the latest checkpoint is exported.
 """
 
-import logging
-
 from absl import app, flags
 
 from treegrpo_jax.train.export import export_from_workdir
@@ -19,7 +17,6 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: 
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     step = export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
     print(f"exported step {step} of {_WORKDIR.value} to {_OUT.value}")
 

@@ -22,7 +22,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and plots go 
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Orbax logs every checkpoint phase at INFO through absl; keep the console to the progress
     # bars, eval tables and warnings.
     logging.getLogger("absl").setLevel(logging.WARNING)

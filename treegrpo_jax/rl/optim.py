@@ -78,17 +78,24 @@ class OptimConfig:
         return round(self.warmup_ratio * self.total_steps)
 
 
+def schedule(cfg: OptimConfig) -> optax.Schedule:
+    """The learning rate against the RL step, from optax's schedules: `linear_schedule` over
+    the warmup (lr·s/w), then `constant_schedule` or `cosine_decay_schedule` down to
+    `min_lr_ratio`·lr at `total_steps`, joined at the warmup's end."""
+    w = cfg.warmup_steps
+    warmup = optax.linear_schedule(0.0, cfg.learning_rate, transition_steps=max(w, 1))
+    if cfg.schedule == DecaySchedule.CONSTANT:
+        after = optax.constant_schedule(cfg.learning_rate)
+    else:
+        after = optax.cosine_decay_schedule(
+            cfg.learning_rate, decay_steps=max(cfg.total_steps - w, 1), alpha=cfg.min_lr_ratio
+        )
+    return optax.join_schedules([warmup, after], boundaries=[w])
+
+
 def learning_rate(cfg: OptimConfig, step: Int[Array, ""] | int) -> Float[Array, ""]:
     """Learning rate at RL step `step` (0-based)."""
-    s = jnp.asarray(step, jnp.float32)
-    w = cfg.warmup_steps
-    warm = s / max(w, 1)
-    if cfg.schedule == DecaySchedule.CONSTANT:
-        after = jnp.float32(1.0)
-    else:
-        frac = jnp.clip((s - w) / max(cfg.total_steps - w, 1), 0.0, 1.0)
-        after = cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
-    return cfg.learning_rate * jnp.where(s < w, warm, after)
+    return jnp.asarray(schedule(cfg)(step), jnp.float32)
 
 
 def _decay_mask(params: nnx.State):

@@ -70,7 +70,8 @@ class CheckpointConfig:
     Attributes:
       keep: most recent checkpoints kept on disk (older ones are deleted after a newer
         one commits); None keeps all.
-      every_steps: `save` writes at steps that are multiples of this (and when forced);
+      every_steps: `save` writes at steps that are multiples of this (Orbax's
+        `FixedIntervalPolicy`), and when forced;
         the default 1 writes whenever asked, for trainers that decide the cadence themselves.
       async_save: write files in a background thread (`wait()` blocks until done).
     """
@@ -188,6 +189,10 @@ class Checkpointer:
                 # Removes what a killed save left behind (`<step>.orbax-checkpoint-tmp*`).
                 cleanup_tmp_directories=True,
                 enable_async_checkpointing=cfg.async_save,
+                # The cadence is Orbax's, this policy alone (not its default set, which also
+                # saves the first step asked and follows JAX's preemption notice: the trainer
+                # forces those saves itself).
+                save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(cfg.every_steps),
             ),
             item_handlers={
                 "params": ocp.StandardCheckpointHandler(),
@@ -206,11 +211,6 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         """Every committed step on disk, ascending."""
         return sorted(self._manager.all_steps())
-
-    def should_save(self, step: int) -> bool:
-        """Whether `save(step, ...)` without `force` would write (cadence and not yet saved)."""
-        latest = self.latest_step()
-        return step % self.cfg.every_steps == 0 and (latest is None or step > latest)
 
     # --------------------------------------------------------------------- save
     def save(
@@ -242,9 +242,7 @@ class Checkpointer:
             self._save_reference(step, reference)
         latest = self.latest_step()
         if latest is not None and step <= latest:
-            return False
-        if not force and step % self.cfg.every_steps:
-            return False
+            return False  # also when forced (Orbax would raise): the final step was a periodic one
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(_plain(state.params)),
             opt=ocp.args.StandardSave(
@@ -252,9 +250,9 @@ class Checkpointer:
             ),
             extra=ocp.args.JsonSave(extra),
         )
-        # The cadence was decided above; `force` stops Orbax from applying its own.
-        saved = self._manager.save(step, args=args, force=True)
-        logging.info("checkpoint: started saving step %d to %s", step, self.directory)
+        saved = self._manager.save(step, args=args, force=force)  # off cadence: False, unless forced
+        if saved:
+            logging.info("checkpoint: started saving step %d to %s", step, self.directory)
         return saved
 
     @property
