@@ -9,6 +9,7 @@ bit for bit.
 """
 
 import json
+import os
 import threading
 
 import pytest
@@ -85,3 +86,27 @@ def test_sigkill_and_outage_then_resume_equal_an_uninterrupted_run(tmp_path, ret
     rows = [r for r in read_metrics(b / "metrics.jsonl") if "train/reward_mean" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all("rollout/retriever_retries" in r for r in rows)  # the client's fault counters are logged
+
+
+@pytest.mark.slow
+def test_a_damaged_latest_checkpoint_resumes_from_the_previous_step(tmp_path):
+    """The issue-29 case on the command line: the latest step's params cut to half their size,
+    the same command again → a warning naming step 3, a resume from step 2 and, after step 3
+    is re-trained, the parameters of the run that was never damaged, bit for bit."""
+    cmd = TrainCommand(config="configs/resilience.py", cache_dir=str(tmp_path / "xla"))
+    a = tmp_path / "a"
+    assert cmd.run(a, "a") == 0, preemption.log_tail(a, "a")
+    reference = preemption.final_params(a)
+    params_dir = a / "checkpoints" / "3" / "params"
+    files = [p for p in params_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert files
+    for f in files:
+        os.truncate(f, f.stat().st_size // 2)
+    (a / "final_eval.json").unlink()
+    assert cmd.run(a, "resumed") == 0, preemption.log_tail(a, "resumed")
+    log = preemption.log_tail(a, "resumed", 50000)
+    assert "checkpoint step 3" in log and "cannot be read" in log, log[-3000:]
+    assert "resuming from step 2" in log and "Traceback" not in log, log[-3000:]
+    assert (a / "checkpoints_damaged" / "3" / "DAMAGE.txt").is_file()
+    assert preemption.bitwise_equal(preemption.final_params(a), reference)
+    assert [r[0] for r in preemption.train_rows(a)] == [1, 2, 3]

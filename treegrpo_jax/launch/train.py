@@ -13,6 +13,11 @@ import sys
 from absl import app, flags
 
 from treegrpo_jax.train import cli
+from treegrpo_jax.train.checkpoint import (
+    CheckpointMismatchError,
+    CheckpointWriteError,
+    DamagedCheckpointError,
+)
 from treegrpo_jax.train.config_dict import ConfigChangedError
 from treegrpo_jax.train.loop import train_and_evaluate
 
@@ -27,7 +32,7 @@ def main(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)
     try:
         train_and_evaluate(cli.train_config(_CONFIG.value, _WORKDIR.value), _WORKDIR.value)
-    except ConfigChangedError as e:
+    except (ConfigChangedError, CheckpointMismatchError, CheckpointWriteError, DamagedCheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

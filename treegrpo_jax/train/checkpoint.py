@@ -39,20 +39,44 @@ import dataclasses
 import json
 import logging
 import pathlib
+import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from treegrpo_jax.rl.train_state import TrainState
 
-__all__ = ["CheckpointConfig", "CheckpointMismatchError", "Checkpointer", "Restored"]
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointMismatchError",
+    "Checkpointer",
+    "CheckpointWriteError",
+    "DamagedCheckpointError",
+    "Restored",
+]
+
+# Where `restore_latest_good` moves a damaged step (beside `checkpoints/`, never deleted).
+DAMAGED_DIR = "checkpoints_damaged"
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint does not fit the model / optimizer it is restored into."""
+
+
+class CheckpointWriteError(OSError):
+    """A save could not be written (disk full, directory not writable): the earlier steps are intact."""
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+
+
+class DamagedCheckpointError(RuntimeError):
+    """No committed checkpoint of a workdir can be read (each step's damage is in the message)."""
 
 
 class Restored(NamedTuple):
@@ -169,6 +193,24 @@ def _json_copy(extra: Mapping[str, Any]) -> dict[str, Any]:
         ) from None
 
 
+def _quiet_closed_loop_noise() -> None:
+    """After a failed read, tensorstore's callbacks still post to the event loop Orbax has closed;
+    Python prints each `RuntimeError: Event loop is closed` as an unraisable traceback (dozens per
+    damaged step). Those, and only those, are dropped from then on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_treegrpo_quiet", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._treegrpo_quiet = True
+    sys.unraisablehook = hook
+
+
 class Checkpointer:
     """Saves and restores `TrainState` + JSON host state under `WORKDIR/checkpoints`.
 
@@ -250,7 +292,10 @@ class Checkpointer:
             ),
             extra=ocp.args.JsonSave(extra),
         )
-        saved = self._manager.save(step, args=args, force=force)  # off cadence: False, unless forced
+        try:
+            saved = self._manager.save(step, args=args, force=force)  # off cadence: False, unless forced
+        except Exception as e:  # also an earlier async save's failure, raised here by Orbax
+            raise self._write_error(e, f"saving step {step}") from e
         if saved:
             logging.info("checkpoint: started saving step %d to %s", step, self.directory)
         return saved
@@ -276,8 +321,29 @@ class Checkpointer:
         self._reference.wait_until_finished()  # committed before any step that relies on it
 
     def wait(self) -> None:
-        """Blocks until every started save has committed."""
-        self._manager.wait_until_finished()
+        """Blocks until every started save has committed.
+
+        Raises:
+          CheckpointWriteError: a background save failed (the steps committed before it are intact).
+        """
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise self._write_error(e, "a background save") from e
+
+    def _write_error(self, e: Exception, what: str) -> CheckpointWriteError:
+        try:
+            self._manager.reload()
+            latest = self._manager.latest_step()
+        except Exception:  # a closed manager: the message still says what failed
+            latest = None
+        kept = "no step committed yet"
+        if latest is not None:
+            kept = f"step {latest} is the newest intact checkpoint"
+        return CheckpointWriteError(
+            f"{what} to {self.directory} failed ({_first_line(e)}); {kept} "
+            "(is the disk full or the directory read-only?)"
+        )
 
     # ------------------------------------------------------------------ restore
     def _step(self, step: int | None) -> int:
@@ -334,6 +400,73 @@ class Checkpointer:
         reference = self.restore_reference(abstract_params=params_abstract) if with_reference else None
         return Restored(state, self._restore_json(step), reference)
 
+    def restore_latest_good(
+        self, *, abstract_state: TrainState, with_reference: bool = False
+    ) -> tuple[int, Restored]:
+        """Restores the newest step that reads back whole, moving damaged newer steps aside.
+
+        A committed step can still be damaged after the fact (a file truncated by a full disk or
+        a bad copy, a file deleted by hand): Orbax then fails deep in tensorstore or JSON. Each
+        step that fails to restore is logged with what was wrong and, once an older step restores,
+        moved to `WORKDIR/checkpoints_damaged/<step>` (kept for inspection, and out of the way of
+        the re-run that saves that step again). A `CheckpointMismatchError` is not damage (the
+        model or optimizer changed) and is raised at once.
+
+        Returns:
+          (step, Restored) of the newest readable step.
+
+        Raises:
+          FileNotFoundError: no committed step at all.
+          DamagedCheckpointError: every step is damaged (nothing is moved: the run must not
+            quietly cold-start over them).
+        """
+        self.wait()
+        steps = self.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        damaged: list[tuple[int, str]] = []
+        for step in reversed(steps):
+            try:
+                restored = self.restore(step, abstract_state=abstract_state, with_reference=with_reference)
+            except CheckpointMismatchError:
+                raise
+            except Exception as e:  # tensorstore, JSON and Orbax each raise their own types
+                _quiet_closed_loop_noise()
+                reason = _first_line(e)
+                logging.warning("checkpoint step %d in %s cannot be read (%s)", step, self.directory, reason)
+                damaged.append((step, reason))
+                continue
+            for bad, reason in damaged:
+                self._move_aside(bad, reason)
+            if damaged:
+                if jax.process_count() > 1:  # every process lists the steps only after the move
+                    multihost_utils.sync_global_devices("checkpoint_damaged_moved")
+                self._manager.reload()
+                logging.warning(
+                    "resuming from step %d, the newest readable checkpoint; damaged steps %s moved to %s",
+                    step,
+                    [bad for bad, _ in damaged],
+                    self.directory.parent / DAMAGED_DIR,
+                )
+            return step, restored
+        raise DamagedCheckpointError(
+            f"no checkpoint in {self.directory} can be read: "
+            + "; ".join(f"step {bad}: {reason}" for bad, reason in damaged)
+            + " (move the directory away to start the run afresh)"
+        )
+
+    def _move_aside(self, step: int, reason: str) -> None:
+        if jax.process_index() != 0:  # one process moves the shared directory
+            return
+        target_root = self.directory.parent / DAMAGED_DIR
+        target_root.mkdir(exist_ok=True)
+        target = target_root / str(step)
+        n = 1
+        while target.exists():  # the same step damaged twice: keep both
+            target, n = target_root / f"{step}.{n}", n + 1
+        (self.directory / str(step)).rename(target)
+        (target / "DAMAGE.txt").write_text(reason + "\n")
+
     def restore_params(self, step: int | None = None, *, abstract_params: nnx.State) -> nnx.State:
         """Reads only the policy parameters of checkpoint `step` (default: the latest).
 
@@ -375,10 +508,20 @@ class Checkpointer:
         if self._closed:
             return
         self._closed = True
-        self._manager.wait_until_finished()
-        self._manager.close()
-        if self._reference_manager is not None:
-            self._reference_manager.close()
+        error: CheckpointWriteError | None = None
+        try:
+            self.wait()
+        except CheckpointWriteError as e:
+            error = e
+        # Orbax's threads go even when the last save failed (its close re-raises that failure).
+        for manager in (self._manager, self._reference_manager):
+            try:
+                if manager is not None:
+                    manager.close()
+            except Exception as e:
+                error = error or self._write_error(e, "closing")
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -277,8 +277,10 @@ class Trainer:
             self.ckpt.save(0, state, run.extra, reference=reference, force=True)
         else:
             state, self.shardings = create_train_state(self.model, cfg.optim, mesh=self.mesh)
-            state, extra, reference = self.ckpt.restore(
-                latest, abstract_state=state, with_reference=cfg.loss.uses_reference
+            # A damaged newest step (truncated or deleted files) is moved aside with a warning and
+            # the previous readable step resumes; never a silent cold start.
+            latest, (state, extra, reference) = self.ckpt.restore_latest_good(
+                abstract_state=state, with_reference=cfg.loss.uses_reference
             )
             run = RunState(state=state, step=latest, extra=extra, reference=reference)
             self.writer.truncate_after(latest)
