@@ -112,6 +112,10 @@ def _changed(key, default, current):
         return "http://127.0.0.1:1/retrieve"
     if key == "run.coordinator_address":
         return "127.0.0.1:1234"
+    if key == "run.profile_steps":
+        return "2:3"
+    if key == "run.compile_cache_dir":
+        return "/tmp/treegrpo_jit_cache"
     return f"{current} (edited)"  # free text (observation messages, wandb project)
 
 

@@ -109,17 +109,20 @@ def train_step(
     if loss_cfg.uses_reference and ref_params is None:
         raise ValueError("LossConfig.kl_coef > 0 needs ref_params (or set kl_coef=0)")
     graphdef, n_mini = state.graphdef, batch.tokens.shape[0]
-    inputs = prepare(batch, loss_cfg)  # advantages over ALL leaves of the step, then leaf sums
+    # Named scopes label the device ops in a `run.profile_steps` trace (`train/profiling.py`).
+    with jax.named_scope("advantages"):
+        inputs = prepare(batch, loss_cfg)  # advantages over ALL leaves of the step, then leaf sums
     rows = inputs.rows
 
     old = ref = None
     if rl:
-        old = jnp.zeros(rows.tokens.shape, jnp.float32)
-        if n_mini > 1:
-            rest = jax.tree.map(lambda x: x[1:], rows)
-            old = old.at[1:].set(_forward_all(graphdef, state.params, rest, logprob_chunk))
-        if loss_cfg.uses_reference:
-            ref = _forward_all(graphdef, ref_params, rows, logprob_chunk)
+        with jax.named_scope("log_probs"):
+            old = jnp.zeros(rows.tokens.shape, jnp.float32)
+            if n_mini > 1:
+                rest = jax.tree.map(lambda x: x[1:], rows)
+                old = old.at[1:].set(_forward_all(graphdef, state.params, rest, logprob_chunk))
+            if loss_cfg.uses_reference:
+                ref = _forward_all(graphdef, ref_params, rows, logprob_chunk)
 
     tx = make_optimizer(optim_cfg, state.params)
     lr = learning_rate(optim_cfg, state.step)
@@ -161,7 +164,8 @@ def train_step(
 
     xs = (rows, old, ref, jnp.arange(n_mini) == 0, (inputs.num_tokens, inputs.num_rows))
     carry = (state.params, state.opt_state, state.skipped)
-    (params, opt_state, skipped), (aux, grad_norm, ok) = jax.lax.scan(mini_update, carry, xs)
+    with jax.named_scope("minibatch_update"):
+        (params, opt_state, skipped), (aux, grad_norm, ok) = jax.lax.scan(mini_update, carry, xs)
 
     metrics = {k: jnp.mean(v) for k, v in aux.sums.items()}
     metrics.update({k: jnp.min(v) for k, v in aux.mins.items()})

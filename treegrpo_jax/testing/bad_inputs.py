@@ -120,6 +120,7 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="run.seed", value=-1, hint="≥ 0"),
     BadConfig(key="run.render_trees", value=-1, hint="≥ 0"),
     BadConfig(key="run.tensorboard", value="yes", hint="True or False"),
+    BadConfig(key="run.profile_steps", value="5:3", hint="FIRST:LAST"),
     # model
     BadConfig(key="model.source", value="magic", hint=r"allowed: \['scratch', 'pretrained'\]"),
     BadConfig(key="model.dtype", value="float8", hint="allowed"),

@@ -33,6 +33,7 @@ from treegrpo_jax.rollout.agent import AgentConfig
 from treegrpo_jax.rollout.page_pool import KVCacheConfig
 from treegrpo_jax.rollout.scheduler import SchedulerConfig
 from treegrpo_jax.rollout.tree_search import TreeSearchConfig
+from treegrpo_jax.train.profiling import parse_profile_steps
 from treegrpo_jax.validation import as_enum, check_bool, check_int, check_number
 
 
@@ -188,6 +189,10 @@ class RunSpec:
     num_processes: int = 0
     process_id: int = -1
     allow_config_change: bool = False  # resume although the config differs from WORKDIR/config.json
+    # "FIRST:LAST": a jax.profiler trace of those RL steps under WORKDIR/tb (`train/profiling.py`).
+    profile_steps: str = ""
+    # JAX's persistent compilation cache in this directory (shared by runs; "" = off).
+    compile_cache_dir: str = ""
 
     def __post_init__(self):
         for name in (
@@ -205,6 +210,15 @@ class RunSpec:
         _check_int("run.render_trees", self.render_trees, 0)
         for name in ("tensorboard", "distributed", "allow_config_change"):
             _check_bool(f"run.{name}", getattr(self, name))
+        for name in ("profile_steps", "compile_cache_dir"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"config.run.{name} must be a string, got {getattr(self, name)!r}")
+        parse_profile_steps(self.profile_steps)
+        if self.profile_steps and parse_profile_steps(self.profile_steps)[0] > self.steps:
+            raise ValueError(
+                f"config.run.profile_steps={self.profile_steps!r} starts after the last step "
+                f"(run.steps={self.steps})"
+            )
         if not isinstance(self.num_processes, int) or self.num_processes < 0:
             raise ValueError(f"config.run.num_processes must be an int ≥ 0, got {self.num_processes!r}")
         if not isinstance(self.process_id, int) or not -1 <= self.process_id < max(self.num_processes, 1):

@@ -264,3 +264,12 @@ def make_engine(
         page_size=kv_cache.page_size,
         num_pages=kv_cache.pages or None,
     )
+
+
+def enable_compile_cache(directory: str) -> None:
+    """`run.compile_cache_dir`: JAX's persistent compilation cache there, for every program that
+    took ≥ 1 s to compile (JAX's default threshold), so a restarted or repeated run skips those
+    compiles. Process-wide and kept for the process's life, like JAX's own flag."""
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
+    log.info("persistent compilation cache: %s", os.path.abspath(directory))

@@ -43,6 +43,7 @@ from treegrpo_jax.train.evaluate import format_table, leaf_metrics
 from treegrpo_jax.train.export import save_model_config
 from treegrpo_jax.train.metrics import MetricsWriter, read_metrics, reduce_across_processes
 from treegrpo_jax.train.plots import plot_metrics
+from treegrpo_jax.train.profiling import StepProfiler, region
 from treegrpo_jax.train.progress import LeafBar, count_params, run_header
 from treegrpo_jax.train.report import render_training_trees, write_index
 
@@ -95,6 +96,9 @@ class Trainer:
         os.makedirs(workdir, exist_ok=True)
         self.cfg, self.workdir = cfg, workdir
         self.primary = jax.process_index() == 0
+        if cfg.run.compile_cache_dir:  # before anything compiles
+            setup.enable_compile_cache(cfg.run.compile_cache_dir)
+        self.profiler = StepProfiler(cfg.run.profile_steps, workdir)
         self.ckpt = Checkpointer(
             workdir, CheckpointConfig(keep=cfg.run.keep_checkpoints, every_steps=cfg.run.checkpoint_every)
         )
@@ -184,7 +188,7 @@ class Trainer:
         """Greedy EM of the current policy on the test rows; logged, pictured, printed."""
         cfg = self.cfg
         mine = len(self.test_rows[jax.process_index() :: jax.process_count()])  # this host's questions
-        with LeafBar(mine, f"eval (step {step})", unit="q") as bar:
+        with region("evaluation"), LeafBar(mine, f"eval (step {step})", unit="q") as bar:
             metrics, trees = multihost.evaluate_sharded(
                 self.engine,
                 self.env,
@@ -310,7 +314,8 @@ class Trainer:
         first_prompt = jax.process_index() * len(rows)  # this host's first prompt of the step
         base_uid = step * cfg.run.prompts_per_step + first_prompt
         try:
-            with LeafBar(len(rows) * cfg.tree.leaves_per_prompt, f"rollout (step {step + 1})") as leaf_bar:
+            rollout_bar = LeafBar(len(rows) * cfg.tree.leaves_per_prompt, f"rollout (step {step + 1})")
+            with region("rollout"), rollout_bar as leaf_bar:
                 trees, rstats = rollout(
                     self.engine,
                     self.env,
@@ -328,11 +333,13 @@ class Trainer:
         except RolloutCancelled:
             self._stop_for_sigterm(before)
         t1 = time.perf_counter()
-        batch = multihost.step_batch(trees, self.layout, self.mesh, first_prompt)
-        state, train_metrics = step_fn(run.state, batch, run.reference)
-        # The next rollout samples from the updated policy (the same arrays on one process).
-        self.engine.set_params(multihost.local_params(state.params))
-        metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
+        with region("batch"):
+            batch = multihost.step_batch(trees, self.layout, self.mesh, first_prompt)
+        with region("update"):
+            state, train_metrics = step_fn(run.state, batch, run.reference)
+            # The next rollout samples from the updated policy (the same arrays on one process).
+            self.engine.set_params(multihost.local_params(state.params))
+            metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
         host = leaf_metrics(trees, "train")  # every host has as many leaves: means of means are exact
         host.update({f"rollout/{k}": float(v) for k, v in rstats.as_dict().items()})
         t2 = time.perf_counter()
@@ -390,7 +397,23 @@ class Trainer:
             desc="Tree-GRPO",
             dynamic_ncols=True,
         )
+        with self.profiler.stopping_on_exit():
+            final_eval = self._steps(run, bar, step_fn, root_key, final_eval)
+        self.ckpt.wait()
+        self.ckpt.close()
+        self.writer.close()
+        if self.primary:
+            plot_metrics(os.path.join(self.workdir, "metrics.jsonl"), self.plots_dir)
+            with open(os.path.join(self.workdir, "final_eval.json"), "w") as f:
+                json.dump(final_eval, f, indent=2)
+            tqdm.tqdm.write(f"run at a glance: {write_index(self.workdir, cfg)}")
+        return final_eval
+
+    def _steps(self, run: RunState, bar, step_fn, root_key, final_eval: dict) -> dict[str, float]:
+        """The RL steps left: each step, its evaluation when due, its checkpoint."""
+        cfg = self.cfg
         for _ in bar:
+            self.profiler.before(run.step + 1)
             run, metrics, trees = self.rl_step(run, step_fn, root_key)
             done = run.step
             self.writer.write(done, metrics)
@@ -409,19 +432,13 @@ class Trainer:
                 if self.primary:
                     plot_metrics(os.path.join(self.workdir, "metrics.jsonl"), self.plots_dir)
                     write_index(self.workdir, cfg)
-            self.ckpt.save(done, run.state, run.extra, force=last or self.preempted.requested)
+            with region("checkpoint"):
+                self.ckpt.save(done, run.state, run.extra, force=last or self.preempted.requested)
+            self.profiler.after(done, run.state.params)
             if self.preempted.requested and not last:
                 self.ckpt.wait()
                 self.writer.close()
                 self.preempted.exit(f"saved step {done}; re-run the same command to resume")
-        self.ckpt.wait()
-        self.ckpt.close()
-        self.writer.close()
-        if self.primary:
-            plot_metrics(os.path.join(self.workdir, "metrics.jsonl"), self.plots_dir)
-            with open(os.path.join(self.workdir, "final_eval.json"), "w") as f:
-                json.dump(final_eval, f, indent=2)
-            tqdm.tqdm.write(f"run at a glance: {write_index(self.workdir, cfg)}")
         return final_eval
 
 
