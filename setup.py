@@ -53,6 +53,7 @@ CONSOLE_SCRIPTS = [
     "treegrpo-generate=treegrpo_jax.launch.generate:run",
     "treegrpo-export-hf=treegrpo_jax.launch.export_hf:run",
     "treegrpo-serve-retriever=treegrpo_jax.launch.serve_retriever:run",
+    "treegrpo-prepare-data=treegrpo_jax.data.tfds_builder:main",
 ]
 
 setuptools.setup(

@@ -37,9 +37,14 @@ def hard_world():
     return build_world(HARD)
 
 
-@pytest.fixture(scope="module", params=["default", "hard"])
-def any_world(request, world, hard_world):
-    return world if request.param == "default" else hard_world
+@pytest.fixture(scope="module")
+def variant_world():
+    return build_world(WorldConfig(facts_variant=2))  # a counterfactual copy (sft.world_variants)
+
+
+@pytest.fixture(scope="module", params=["default", "hard", "variant"])
+def any_world(request, world, hard_world, variant_world):
+    return {"default": world, "hard": hard_world, "variant": variant_world}[request.param]
 
 
 def _all_rows(world):
@@ -221,6 +226,9 @@ def test_config_errors_name_the_field():
             WorldConfig(distractors=bad)
     with pytest.raises(ValueError, match="test_fraction"):
         WorldConfig(test_fraction=1.0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="facts_variant"):
+            WorldConfig(facts_variant=bad)
     tiny = WorldConfig(
         num_countries=1,
         num_cities=1,
@@ -285,3 +293,21 @@ def test_the_hard_world_asks_five_hops_and_a_partial_name_finds_a_namesake(hard_
     idx = np.asarray([e.index for e in people])
     assert np.mean((results == idx[:, None]).any(-1)) == 1.0  # the namesake is among the top 2 ...
     assert 0.2 < np.mean(results[:, 0] == idx) < 0.8  # ... and first about half the time
+
+
+def test_a_facts_variant_keeps_every_name_and_redraws_the_facts(world, variant_world):
+    names = [e.name for e in world.entities]
+    assert names == [e.name for e in variant_world.entities]
+    assert [e.kind for e in world.entities] == [e.kind for e in variant_world.entities]
+    pairs = list(zip(world.entities, variant_world.entities, strict=True))
+    for attribute in ("birth_year", "occupation", "founding_year", "genre", "publication_year"):
+        owners = [(a, b) for a, b in pairs if attribute in a.attributes]
+        changed = sum(a.attributes[attribute] != b.attributes[attribute] for a, b in owners)
+        assert changed > 0.5 * len(owners), attribute  # most facts differ (a few agree by chance)
+    moved = sum(a.relations != b.relations for a, b in pairs)
+    assert moved > 0.5 * len(pairs)
+    # The passages say the variant's facts: a person's passage names its own birth year.
+    person = next(b for _, b in pairs if "birth_year" in b.attributes)
+    assert person.attributes["birth_year"] in variant_world.passages[person.index]
+    # Variant 0 is the world itself (default worlds stay byte-identical).
+    assert build_world(WorldConfig(facts_variant=0)).passages == world.passages

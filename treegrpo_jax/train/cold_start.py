@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import jax
@@ -22,21 +23,19 @@ class ColdStartCancelled(RuntimeError):
 
 
 def cold_start(
-    model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: int, on_metrics=None, should_stop=None
-):
+    model, tokenizer, env, rows, sft, *, mesh, length_buckets, seed: int, on_metrics=None, should_stop=None,
+    sources=None,
+):  # fmt: skip
     """Trains `model` on `sft.demonstrations` scripted trajectories for `sft.steps` steps.
+
+    `rows` are demonstrated with `env.retriever`; `sources` (optional) replaces them with several
+    (rows, retriever) pairs (`setup.demonstration_sources`), which take turns: demonstration i comes
+    from source i mod len(sources).
 
     Returns the trained params (an nnx.State in the model's shardings) and the mean
     demonstration reward (how imperfect the demonstrations were).
     """
-    demos = make_demonstrations(
-        list(rows[: sft.demonstrations]),
-        retriever=env.retriever,
-        tokenizer=tokenizer,
-        cfg=sft.script,
-        prompt=env.prompt,
-        observation=env.observation,
-    )
+    demos = collect_demonstrations(sources or [(rows, env.retriever)], sft, tokenizer, env)
     path_rows = [
         demonstration_row(tokenize_demonstration(d, tokenizer).spans, prompt_id=i)
         for i, d in enumerate(demos)
@@ -82,6 +81,26 @@ def cold_start(
             if on_metrics:
                 on_metrics(step, {f"sft/{k}": float(v) for k, v in m.items()})
     return state.params, float(np.mean([d.reward for d in demos]))
+
+
+def collect_demonstrations(sources, sft, tokenizer, env) -> list:
+    """`sft.demonstrations` scripted demonstrations taken in turn from the (rows, retriever)
+    `sources`: demonstration i is source i mod len(sources)'s next row, demonstrated with that
+    source's retriever (a source that runs out of rows leaves its turns to the others)."""
+    k = len(sources)
+    per_source = [len(range(j, sft.demonstrations, k)) for j in range(k)]
+    made = [
+        make_demonstrations(
+            list(source_rows[:n]),
+            retriever=retriever,
+            tokenizer=tokenizer,
+            cfg=sft.script,
+            prompt=env.prompt,
+            observation=env.observation,
+        )
+        for (source_rows, retriever), n in zip(sources, per_source, strict=True)
+    ]
+    return [d for group in itertools.zip_longest(*made) for d in group if d is not None]
 
 
 def _length_grouped_batches(lengths: np.ndarray, rows: int, rng: np.random.Generator) -> list[np.ndarray]:

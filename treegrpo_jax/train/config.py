@@ -45,6 +45,7 @@ class ModelSource(enum.StrEnum):
 class DataKind(enum.StrEnum):
     SYNTHETIC = "synthetic"
     FILES = "files"
+    TFDS = "tfds"  # a prepared array_record copy (`data/tfds_builder.py`)
 
 
 class RetrieverKind(enum.StrEnum):
@@ -103,6 +104,12 @@ class DataSpec:
     train_files: tuple[str, ...] = ()
     test_files: tuple[str, ...] = ()
     skip_bad_rows: bool = False
+    # kind=tfds: a copy prepared by `treegrpo-prepare-data` (`data/tfds_builder.py`) under
+    # data_dir/qa_dataset/<name>/, read by random access (`tfds.data_source`, no split in memory).
+    name: str = ""
+    data_dir: str = ""
+    train_split: str = "train"
+    test_split: str = "test"
     eval_prompts: int = 256  # test questions evaluated (the first N, per run; 0 = all)
     world: WorldConfig = dataclasses.field(default_factory=WorldConfig)
 
@@ -110,6 +117,19 @@ class DataSpec:
         object.__setattr__(self, "kind", _enum(DataKind, self.kind, "data.kind"))
         _check_bool("data.skip_bad_rows", self.skip_bad_rows)
         _check_int("data.eval_prompts", self.eval_prompts, 0, "(0 = all)")
+        if self.kind == DataKind.TFDS:
+            for key in ("name", "data_dir", "train_split", "test_split"):
+                if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                    raise ValueError(
+                        f"config.data.{key} is empty: data.kind=tfds reads data_dir/qa_dataset/NAME "
+                        "(prepare it with `treegrpo-prepare-data`)"
+                    )
+            if not os.path.isdir(os.path.join(self.data_dir, "qa_dataset", self.name)):
+                raise ValueError(
+                    f"config.data.name={self.name!r}: no prepared copy at "
+                    f"{os.path.join(self.data_dir, 'qa_dataset', self.name)} (run `treegrpo-prepare-data "
+                    f"--name={self.name} --data_dir={self.data_dir} --train=... --test=...` first)"
+                )
         if self.kind == DataKind.FILES:
             for name in ("train_files", "test_files"):
                 files = getattr(self, name)
@@ -163,11 +183,16 @@ class SFTSpec:
         default_factory=lambda: OptimConfig(learning_rate=1e-3, warmup_ratio=0.05)
     )
     script: ScriptConfig = dataclasses.field(default_factory=ScriptConfig)
+    # Synthetic data: demonstrations also come from this many counterfactual copies of the world
+    # (same names, facts re-drawn: `WorldConfig.facts_variant`), taken in turn with the world itself,
+    # so that an answer is predicted by the passage just read, not by a fact recalled from training.
+    world_variants: int = 0
 
     def __post_init__(self):
         _check_int("sft.steps", self.steps, 0, "(0 = no cold start)")
         _check_int("sft.batch_rows", self.batch_rows, 1)
         _check_int("sft.demonstrations", self.demonstrations, 1)
+        _check_int("sft.world_variants", self.world_variants, 0, "(0 = the world itself only)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,6 +298,11 @@ class TrainConfig:
             raise ValueError(
                 f"config.run.prompts_per_step={self.run.prompts_per_step} must be divisible by "
                 f"config.rl.num_minibatches={self.layout.num_minibatches}"
+            )
+        if self.sft.world_variants and self.data.kind != DataKind.SYNTHETIC:
+            raise ValueError(
+                f"config.sft.world_variants={self.sft.world_variants} needs config.data.kind=synthetic "
+                f"(it re-draws the synthetic world's facts), got {self.data.kind.value!r}"
             )
         self._check_lengths()
         try:

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -42,8 +43,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-    train: tuple[QARow, ...]
-    test: tuple[QARow, ...]
+    train: Sequence[QARow]  # a tuple, or a random-access `QARowSource` (data.kind=tfds)
+    test: Sequence[QARow]
     world: World | None
     corpus_path: str
 
@@ -57,6 +58,14 @@ def load_data(cfg: TrainConfig, workdir: str) -> Data:
             else build_world(cfg.data.world)
         )
         return Data(tuple(world.train), tuple(world.test), world, os.path.join(world_dir, "corpus.jsonl"))
+    if cfg.data.kind == DataKind.TFDS:
+        from treegrpo_jax.data.tfds_builder import open_prepared  # TFDS only when asked for
+
+        train, test = open_prepared(
+            cfg.data.name, cfg.data.data_dir, (cfg.data.train_split, cfg.data.test_split)
+        )
+        log.info("TFDS %s: %d train / %d test rows (random access)", cfg.data.name, len(train), len(test))
+        return Data(train, test, None, cfg.retriever.corpus)
     train = read_rows(list(cfg.data.train_files), skip_bad_rows=cfg.data.skip_bad_rows)
     test = read_rows(list(cfg.data.test_files), skip_bad_rows=cfg.data.skip_bad_rows)
     for name, res in (("train", train), ("test", test)):
@@ -93,6 +102,34 @@ def make_retriever(cfg: TrainConfig, data: Data) -> Retriever:
         time.perf_counter() - t0,
     )
     return bm25
+
+
+def demonstration_sources(
+    cfg: TrainConfig, data: Data, retriever: Retriever
+) -> list[tuple[tuple[QARow, ...], Retriever]]:
+    """(rows, retriever) pairs the cold start demonstrates on: the train rows with the run's
+    retriever, then one pair per `sft.world_variants` copy of the synthetic world (same names, facts
+    re-drawn) with BM25 over its own passages. A copy's question whose text is a test question of
+    the run is left out (it would be the same words with another answer)."""
+    sources = [(data.train, retriever)]  # as it is: a TFDS source is read by index, never copied
+    if not cfg.sft.world_variants:
+        return sources
+    held_out = {r.question for r in data.test}
+    for k in range(1, cfg.sft.world_variants + 1):
+        world = build_world(dataclasses.replace(cfg.data.world, facts_variant=k))
+        rows = tuple(
+            dataclasses.replace(r, id=f"variant{k}_{r.id}")
+            for r in (*world.train, *world.test)
+            if r.question not in held_out
+        )
+        bm25 = BM25Retriever.from_texts([r["contents"] for r in world.corpus_rows()])
+        sources.append((rows, bm25))
+    log.info(
+        "cold start: demonstrations from the world and %d counterfactual copies of it (%s rows)",
+        cfg.sft.world_variants,
+        " + ".join(str(len(rows)) for rows, _ in sources),
+    )
+    return sources
 
 
 def describe_retriever(retriever: Retriever) -> str:

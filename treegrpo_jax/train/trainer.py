@@ -260,6 +260,7 @@ class Trainer:
                         seed=cfg.run.seed,
                         on_metrics=lambda s, m: None,
                         should_stop=self.preempted,
+                        sources=setup.demonstration_sources(cfg, self.data, self.retriever),
                     )
                 except ColdStartCancelled as e:
                     self.writer.close()
