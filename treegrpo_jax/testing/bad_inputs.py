@@ -134,7 +134,8 @@ BAD_CONFIGS: tuple[BadConfig, ...] = (
     BadConfig(key="model.path", value="", hint="is empty", base="paper"),
     BadConfig(key="model.path", value=_NOWHERE, hint="no such file", base="paper"),
     # data
-    BadConfig(key="data.kind", value="web", hint=r"allowed: \['synthetic', 'files'\]"),
+    BadConfig(key="data.kind", value="web", hint=r"allowed: \['synthetic', 'files', 'tfds'\]"),
+    BadConfig(key="data.name", value="", hint="is empty", extra=(("data.kind", "tfds"),)),
     BadConfig(
         key="data.train_files",
         value=f"{_NOWHERE}.parquet",
