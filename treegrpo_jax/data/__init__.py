@@ -29,6 +29,7 @@ _EXPORTS = {
     "QADataset": "tfds_builder",
     "QADatasetConfig": "tfds_builder",
     "QARowSource": "tfds_builder",
+    "open_prepared": "tfds_builder",
     "prepare_qa_dataset": "tfds_builder",
 }
 
