@@ -102,9 +102,16 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tmp_path, monke
 
 def test_eval_cli_library_on_saved_checkpoint(uninterrupted, capsys):
     workdir, final = uninterrupted
-    metrics = evaluate_checkpoint(toy_config(), workdir)
+    metrics = evaluate_checkpoint(toy_config(), workdir, with_breakdown=True)
     assert metrics["eval/em"] == pytest.approx(final["eval/em"])
-    assert "data source" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "data source" in out and "hops/answer kind" in out
+    step = max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    with open(os.path.join(workdir, f"eval_step{step}_breakdown.json")) as f:
+        tables = json.load(f)
+    # The classes account for every question, and their EM is the evaluation's.
+    assert tables["questions"] == len(tables["questions_detail"]) == sum(tables["classes"].values()) > 0
+    assert tables["em"] == pytest.approx(metrics["eval/em"])
 
 
 def _sigterm_on_decode(monkeypatch, armed):

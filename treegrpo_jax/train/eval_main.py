@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -11,6 +12,7 @@ from flax import nnx
 from treegrpo_jax.model.build import abstract_model, param_shardings
 from treegrpo_jax.parallel.mesh import make_mesh
 from treegrpo_jax.train import setup
+from treegrpo_jax.train.breakdown import breakdown, classify, format_breakdown
 from treegrpo_jax.train.checkpoint import Checkpointer
 from treegrpo_jax.train.config import TrainConfig
 from treegrpo_jax.train.evaluate import evaluate, format_table
@@ -18,8 +20,13 @@ from treegrpo_jax.train.export import load_model_config, load_tokenizer
 from treegrpo_jax.train.progress import LeafBar
 
 
-def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = None) -> dict[str, float]:
-    """Restores the policy of `step` (default: latest) from `workdir`, prints and returns EM per source."""
+def evaluate_checkpoint(
+    cfg: TrainConfig, workdir: str, *, step: int | None = None, with_breakdown: bool = False
+) -> dict[str, float]:
+    """Restores the policy of `step` (default: latest) from `workdir`, prints and returns EM per source.
+
+    `with_breakdown`: also classify every answer (`train/breakdown.py`), print the table and write
+    `WORKDIR/eval_step<N>_breakdown.json` (the tables and one record per question)."""
     mesh = make_mesh(cfg.mesh) if jax.device_count() > 1 else None
     model_cfg = load_model_config(workdir)
     tokenizer = load_tokenizer(workdir)
@@ -53,8 +60,16 @@ def evaluate_checkpoint(cfg: TrainConfig, workdir: str, *, step: int | None = No
         kv_cache=cfg.kv_cache,
     )
     with LeafBar(len(rows), f"eval (checkpoint {step})", unit="q") as bar:
-        metrics, _ = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed, progress=bar)
+        metrics, trees = evaluate(engine, env, rows, cfg.agent, seed=cfg.run.seed, progress=bar)
     print(f"checkpoint step {step}, {len(rows)} questions\n{format_table(metrics)}")
     with open(os.path.join(workdir, f"eval_step{step}.json"), "w") as f:
         json.dump(metrics, f, indent=2)
+    if with_breakdown:
+        outcomes = [classify(r, t, tokenizer.decode) for r, t in zip(rows, trees, strict=True)]
+        tables = breakdown(outcomes)
+        print(format_breakdown(tables))
+        path = os.path.join(workdir, f"eval_step{step}_breakdown.json")
+        with open(path, "w") as f:
+            json.dump({**tables, "questions_detail": [dataclasses.asdict(o) for o in outcomes]}, f, indent=1)
+        print(f"breakdown: {path}")
     return metrics
