@@ -29,12 +29,31 @@ def _map_limit() -> int:
         return int(f.read())
 
 
+_MAPS = {"peak": 0, "releases": 0, "after_release": []}  # for the run's summary line
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     yield
-    on_linux = os.path.exists("/proc/sys/vm/max_map_count")
-    if "jax" in sys.modules and on_linux and _map_count() > _MAP_FRACTION * _map_limit():
+    if not os.path.exists("/proc/sys/vm/max_map_count"):
+        return
+    count = _map_count()
+    _MAPS["peak"] = max(_MAPS["peak"], count)
+    if "jax" in sys.modules and count > _MAP_FRACTION * _map_limit():
         sys.modules["jax"].clear_caches()
+        _MAPS["releases"] += 1
+        _MAPS["after_release"].append(_map_count())
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on how close the process came to the mapping limit (issue 29's crash)."""
+    if _MAPS["peak"]:
+        after = _MAPS["after_release"]
+        terminalreporter.write_line(
+            f"memory mappings: peak {_MAPS['peak']} of vm.max_map_count {_map_limit()} after a module; "
+            f"compiled programs released {_MAPS['releases']} times"
+            + (f" (down to {min(after)}-{max(after)} mappings)" if after else "")
+        )
 
 
 @pytest.fixture(scope="session")
