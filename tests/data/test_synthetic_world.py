@@ -1,5 +1,6 @@
 """Tests for the synthetic world: determinism, hop structure, no shortcuts, BM25 findability."""
 
+import collections
 import json
 import re
 
@@ -311,3 +312,17 @@ def test_a_facts_variant_keeps_every_name_and_redraws_the_facts(world, variant_w
     assert person.attributes["birth_year"] in variant_world.passages[person.index]
     # Variant 0 is the world itself (default worlds stay byte-identical).
     assert build_world(WorldConfig(facts_variant=0)).passages == world.passages
+
+
+def test_verdict_world_has_1500_test_questions_none_seen_in_training():
+    """`:tiny,hard,verdict` (benchmarks/verdict.py): 300 test questions per hop count, 3,000 train,
+    and no test question also a train question (the larger split is the point of the variant)."""
+    from treegrpo_jax.configs import multihop
+    from treegrpo_jax.train.config import from_config_dict
+
+    cfg = from_config_dict(multihop.get_config("tiny,hard,verdict"))
+    assert cfg.data.eval_prompts == 1500
+    w = build_world(cfg.data.world)
+    assert (len(w.train), len(w.test)) == (3000, 1500)
+    assert sorted(collections.Counter(r.hops for r in w.test).values()) == [300] * 5
+    assert not {r.question for r in w.test} & {r.question for r in w.train}

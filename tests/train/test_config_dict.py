@@ -186,6 +186,7 @@ _VARIANTS = [
     "tiny",
     "tiny,chain",
     "tiny,hard,rule=entropy",
+    "tiny,hard,verdict,rule=last",
     "smollm2,cpu",
     "smollm2,cpu,chain,tree_m=6",
     "smollm2,smoke",
