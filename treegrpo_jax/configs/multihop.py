@@ -212,7 +212,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         else:
             raise ValueError(
                 f"configs/multihop.py: unknown variant {part!r} "
-                "(tiny, smollm2, smoke, cpu, hard, verdict, chain, tree_m=, tree_n=, tree_l=, estimator=, rule=, "
-                "credit=)"
+                "(tiny, smollm2, smoke, cpu, hard, verdict, chain, tree_m=, tree_n=, tree_l=, "
+                "estimator=, rule=, credit=)"
             )
     return c
