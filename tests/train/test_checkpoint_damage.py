@@ -154,3 +154,25 @@ def test_a_save_on_a_full_disk_fails_clearly_and_keeps_the_previous_step(tmp_pat
         step, restored = ckpt.restore_latest_good(abstract_state=toy_state(0.0))
         assert step == 1 and restored.extra == {"step": 1}
         _assert_identical(_host(restored.state), _host(toy_state(1.0)))
+
+
+def test_closed_loop_noise_is_dropped_and_nothing_else(monkeypatch):
+    """The failed read's late tensorstore callbacks print `Event loop is closed` through either
+    hook; the filter (installed before the first read) drops exactly those and passes the rest."""
+    from treegrpo_jax.train import checkpoint
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(("unraisable", str(u.exc_value))))
+    monkeypatch.setattr(sys, "excepthook", lambda k, v, tb: seen.append(("except", str(v))))
+    checkpoint._quiet_closed_loop_noise()
+    checkpoint._quiet_closed_loop_noise()  # idempotent: one layer, not two
+
+    class Unraisable:
+        def __init__(self, error):
+            self.exc_value = error
+
+    sys.unraisablehook(Unraisable(RuntimeError("Event loop is closed")))
+    sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)
+    sys.unraisablehook(Unraisable(RuntimeError("something else")))
+    sys.excepthook(ValueError, ValueError("Event loop is closed"), None)
+    assert seen == [("unraisable", "something else"), ("except", "Event loop is closed")]

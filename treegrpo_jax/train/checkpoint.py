@@ -193,22 +193,30 @@ def _json_copy(extra: Mapping[str, Any]) -> dict[str, Any]:
         ) from None
 
 
+def _is_closed_loop_noise(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
 def _quiet_closed_loop_noise() -> None:
     """After a failed read, tensorstore's callbacks still post to the event loop Orbax has closed;
-    Python prints each `RuntimeError: Event loop is closed` as an unraisable traceback (dozens per
-    damaged step). Those, and only those, are dropped from then on."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_treegrpo_quiet", False):
+    Python prints each `RuntimeError: Event loop is closed` as a traceback (dozens per damaged
+    step), through `sys.unraisablehook` or, from a native thread, `sys.excepthook`. Those, and only
+    those, are dropped from then on. Installed *before* the first read: the callbacks can fire
+    before the failed read's exception reaches our handler (seen in CI, not on every run)."""
+    previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+    if getattr(previous_unraisable, "_treegrpo_quiet", False):
         return
 
-    def hook(unraisable):
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        previous(unraisable)
+    def unraisable_hook(unraisable):
+        if not _is_closed_loop_noise(unraisable.exc_value):
+            previous_unraisable(unraisable)
 
-    hook._treegrpo_quiet = True
-    sys.unraisablehook = hook
+    def except_hook(kind, value, traceback):
+        if not _is_closed_loop_noise(value):
+            previous_except(kind, value, traceback)
+
+    unraisable_hook._treegrpo_quiet = True
+    sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
 
 
 class Checkpointer:
@@ -425,13 +433,13 @@ class Checkpointer:
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         damaged: list[tuple[int, str]] = []
+        _quiet_closed_loop_noise()
         for step in reversed(steps):
             try:
                 restored = self.restore(step, abstract_state=abstract_state, with_reference=with_reference)
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # tensorstore, JSON and Orbax each raise their own types
-                _quiet_closed_loop_noise()
                 reason = _first_line(e)
                 logging.warning("checkpoint step %d in %s cannot be read (%s)", step, self.directory, reason)
                 damaged.append((step, reason))
