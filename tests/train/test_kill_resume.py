@@ -107,6 +107,8 @@ def test_a_damaged_latest_checkpoint_resumes_from_the_previous_step(tmp_path):
     log = preemption.log_tail(a, "resumed", 50000)
     assert "checkpoint step 3" in log and "cannot be read" in log, log[-3000:]
     assert "resuming from step 2" in log and "Traceback" not in log, log[-3000:]
+    # The header (written before the read) names the newest committed step, not the resumed one.
+    assert "(resuming: newest checkpoint step 3)" in log, log[:3000]
     assert (a / "checkpoints_damaged" / "3" / "DAMAGE.txt").is_file()
     assert preemption.bitwise_equal(preemption.final_params(a), reference)
     assert [r[0] for r in preemption.train_rows(a)] == [1, 2, 3]

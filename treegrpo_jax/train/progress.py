@@ -53,7 +53,9 @@ def run_header(
         f"devices  {len(devices)} × {devices[0].platform} ({devices[0].device_kind}) on "
         f"{jax.process_count()} process(es); mesh {mesh_txt}",
         f"workdir  {workdir}"
-        + (f" (resuming from step {resumed_from})" if resumed_from is not None else "")
+        # The newest *committed* step; if it turns out damaged, the checkpointer's warning names
+        # the older step actually resumed from.
+        + (f" (resuming: newest checkpoint step {resumed_from})" if resumed_from is not None else "")
         + f"; config in {workdir}/config.json",
     ]
     return "\n".join(lines)
