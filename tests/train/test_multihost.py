@@ -50,6 +50,9 @@ def _launch(workdir, process_id, num_processes, port):
     )
 
 
+pytestmark = pytest.mark.slow  # three processes on two cores: ~80 s
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     one, two = tmp_path_factory.mktemp("one_process"), tmp_path_factory.mktemp("two_processes")
