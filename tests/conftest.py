@@ -10,6 +10,21 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
+# Shapes checked at run time (issue 32): every function and dataclass of the model, the RL core and
+# the rollout engine is wrapped by jaxtyping + beartype as it is imported, so each call checks its
+# annotations (array kinds, dtypes, and the shape letters bound consistently across arguments). It
+# must be installed before anything imports these packages. TREEGRPO_TYPECHECK=0 turns it off.
+# `is_pep484_tower`: an int is a valid `float` (PEP 484), as Python's own checkers read it.
+CHECKED_PACKAGES = ("treegrpo_jax.model", "treegrpo_jax.rl", "treegrpo_jax.rollout")
+if os.environ.get("TREEGRPO_TYPECHECK", "1") != "0":
+    from jaxtyping import install_import_hook  # noqa: E402
+
+    _already = sorted(p for p in CHECKED_PACKAGES if p in sys.modules)
+    assert not _already, f"imported before the type-check hook could wrap them: {_already}"
+    install_import_hook(
+        list(CHECKED_PACKAGES), "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
+    )
+
 # XLA:CPU maps ~6 memory regions per compiled executable it keeps (measured: +2,487 entries in
 # /proc/self/maps for 400 small jitted programs, +79 after `jax.clear_caches()`), and a process may
 # hold `vm.max_map_count` of them (65,530 here). One pytest process of the whole suite keeps

@@ -106,4 +106,4 @@ def test_jax_inputs_inside_jit_and_unknown_estimator():
     assert isinstance(out, jax.Array)
     np.testing.assert_allclose(out, [0.7071058, -0.7071058, 0.9999990], atol=1e-6)
     with pytest.raises(ValueError, match="allowed"):
-        advantages.compute(np.ones(2), np.zeros(2), np.zeros(2), np.ones(2, bool), "trees")
+        advantages.compute(np.ones(2), np.zeros(2, int), np.zeros(2, int), np.ones(2, bool), "trees")

@@ -17,12 +17,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, ArrayLike, Bool, Int
+
+from treegrpo_jax._pytree import pytree_dataclass
 
 _NEG_INF = -1e30  # finite, as in decoder.py: a query that sees nothing must not produce NaNs
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BlockMask:
     """Which keys each query sees, block by block.
@@ -37,7 +39,7 @@ class BlockMask:
     visible: Bool[Array, "B NQ C U"]
 
 
-def block_sparse_attention(q_BTHD: Array, k_BKTD: Array, v_BKTD: Array, mask: BlockMask) -> Array:
+def block_sparse_attention(q_BTHD: ArrayLike, k_BKTD: ArrayLike, v_BKTD: ArrayLike, mask: BlockMask) -> Array:
     """Grouped-query attention over the listed key blocks; returns `[B, T, H, D]`.
 
     Keys and values come head-major (`[B, K, T, D]`, the decoder's layout).

@@ -25,14 +25,15 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.model.config import ModelConfig
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     k: Float[Array, "L S K T D"]
@@ -50,11 +51,13 @@ class KVCache:
         return self.k.shape[3]
 
     # ------------------------------------------------ the decoder's interface
-    def offsets(self, slots: Int[Array, " B"]) -> Int[Array, " B"]:
+    def offsets(self, slots: Int[ArrayLike, " B"]) -> Int[Array, " B"]:
         """Tokens already written in each row's slot (rows past the pool read the last slot)."""
         return self.lengths[jnp.minimum(slots, self.num_slots - 1)]
 
-    def write(self, layer, slots: Int[Array, " B"], write_pos: Int[Array, "B C"], k_BCKD, v_BCKD) -> KVCache:
+    def write(
+        self, layer, slots: Int[ArrayLike, " B"], write_pos: Int[ArrayLike, "B C"], k_BCKD, v_BCKD
+    ) -> KVCache:
         """Writes row b's chunk at positions `write_pos[b]` of slot `slots[b]` in `layer`;
         positions ≥ max_len and slots ≥ S are dropped."""
         idx = jnp.broadcast_to(slots[:, None], write_pos.shape)
@@ -63,7 +66,7 @@ class KVCache:
         v = scatter(self.v, (layer, idx, slice(None), write_pos), v_BCKD)
         return dataclasses.replace(self, k=k, v=v)
 
-    def read(self, layer, slots: Int[Array, " B"] | None, span: int) -> tuple[Array, Array]:
+    def read(self, layer, slots: Int[ArrayLike, " B"] | None, span: int) -> tuple[Array, Array]:
         """The first `span` keys and values of each row's slot, `[B, K, span, D]` (`slots` None:
         row b is slot b, read in place)."""
         keys = jax.lax.dynamic_index_in_dim(self.k, layer, keepdims=False)[:, :, :span]
@@ -109,12 +112,12 @@ class KVCache:
         keys, values = self.read(layer, slots, span)
         return slot_attention_pallas(q_BHD, keys, values, live_lens, interpret=jax.default_backend() != "gpu")
 
-    def add_lengths(self, slots: Int[Array, " B"], chunk_lens: Int[Array, " B"]) -> KVCache:
+    def add_lengths(self, slots: Int[ArrayLike, " B"], chunk_lens: Int[ArrayLike, " B"]) -> KVCache:
         lengths = self.lengths.at[slots].add(chunk_lens.astype(self.lengths.dtype), mode="drop")
         return dataclasses.replace(self, lengths=lengths)
 
 
-def scatter(cache: Array, index, update: Array) -> Array:
+def scatter(cache: ArrayLike, index, update: ArrayLike) -> Array:
     """`cache.at[index].set(update)` (out-of-range writes dropped), bf16 stored as its bits.
 
     XLA:CPU has no bf16 scatter: it converts the whole operand to f32 and back around it
@@ -143,9 +146,9 @@ def cache_abstract(cfg: ModelConfig, num_slots: int, max_len: int, dtype=None) -
 
 def fork_slots(
     cache: KVCache,
-    src: Int[Array, " N"],
-    dst: Int[Array, " N"],
-    lengths: Int[Array, " N"],
+    src: Int[ArrayLike, " N"],
+    dst: Int[ArrayLike, " N"],
+    lengths: Int[ArrayLike, " N"],
     span: int | None = None,
 ) -> KVCache:
     """Copies the first `span` positions of slot src[i] into slot dst[i] (all of them when

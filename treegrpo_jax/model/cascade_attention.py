@@ -18,7 +18,7 @@ crossover prefix length where it starts to pay).
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 _NEG_INF = -1e30
 
@@ -36,13 +36,13 @@ def _part(scores, values, live):
 
 
 def cascade_attention(
-    q_GRHD: Float[Array, "G R H D"],
-    shared_k_GKSD: Array,
-    shared_v_GKSD: Array,
-    shared_len: Int[Array, " G"],
-    own_k_GRKUD: Array,
-    own_v_GRKUD: Array,
-    own_len: Int[Array, "G R"],
+    q_GRHD: Float[ArrayLike, "G R H D"],
+    shared_k_GKSD: ArrayLike,
+    shared_v_GKSD: ArrayLike,
+    shared_len: Int[ArrayLike, " G"],
+    own_k_GRKUD: ArrayLike,
+    own_v_GRKUD: ArrayLike,
+    own_len: Int[ArrayLike, "G R"],
 ) -> Float[Array, "G R H D"]:
     """Attention of every row over its group's first `shared_len[g]` prefix keys followed by its
     own first `own_len[g, r]` keys, in f32; equal to per-row attention over the concatenation."""

@@ -23,10 +23,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, ArrayLike, Int
+
+from treegrpo_jax._pytree import pytree_dataclass
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class CausalMask:
     """Causal attention within each row's first `lengths[b]` tokens (left-aligned rows)."""
@@ -44,7 +46,9 @@ def implementation(dtype) -> str:
     return "cudnn" if jax.default_backend() == "gpu" and half else "dense"
 
 
-def causal_attention(q_BTHD: Array, k_BTKD: Array, v_BTKD: Array, mask: CausalMask, *, impl: str) -> Array:
+def causal_attention(
+    q_BTHD: ArrayLike, k_BTKD: ArrayLike, v_BTKD: ArrayLike, mask: CausalMask, *, impl: str
+) -> Array:
     """Grouped-query causal attention, `[B, T, H, D]` (sequence-major inputs); `impl` is
     `jax.nn.dot_product_attention`'s ("cudnn", or "xla": the reference)."""
     # A row of length 0 (padding rows) would see no key: give it token 0, as `causal_mask` does.

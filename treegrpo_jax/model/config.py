@@ -32,7 +32,7 @@ SUPPORTED_ARCHITECTURES = {
 class RopeScaling:
     """RoPE frequency scaling (HF ``rope_scaling``/``rope_parameters``)."""
 
-    rope_type: RopeType = RopeType.DEFAULT
+    rope_type: RopeType | str = RopeType.DEFAULT  # a name (HF's) is parsed in __post_init__
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
@@ -99,7 +99,7 @@ class ModelConfig:
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    remat: Remat = Remat.NONE
+    remat: Remat | str = Remat.NONE  # a name is parsed in __post_init__
 
     def __post_init__(self):
         for name in (

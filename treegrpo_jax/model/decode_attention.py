@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from treegrpo_jax.native import build as native_build
 
@@ -26,12 +26,12 @@ _NEG_INF = -1e30
 
 
 def decode_attention_xla(
-    q_BHD: Float[Array, "B H D"],
-    k_LSKTD: Array,
-    v_LSKTD: Array,
-    layer: Int[Array, ""],
-    slots: Int[Array, " B"],
-    lengths: Int[Array, " B"],
+    q_BHD: Float[ArrayLike, "B H D"],
+    k_LSKTD: ArrayLike,
+    v_LSKTD: ArrayLike,
+    layer: Int[ArrayLike, ""],
+    slots: Int[ArrayLike, " B"],
+    lengths: Int[ArrayLike, " B"],
     *,
     attend_len: int | None = None,
 ) -> Float[Array, "B H D"]:
@@ -56,15 +56,15 @@ def decode_attention_xla(
 
 
 def decode_attention_native(
-    q_BHD: Float[Array, "B H D"],
-    k_new_BKD: Float[Array, "B K D"],
-    v_new_BKD: Float[Array, "B K D"],
-    k_cache: Array,
-    v_cache: Array,
-    layer: Int[Array, ""],
-    pages_BM: Int[Array, "B M"],
-    write_pos: Int[Array, " B"],
-    lengths: Int[Array, " B"],
+    q_BHD: Float[ArrayLike, "B H D"],
+    k_new_BKD: Float[ArrayLike, "B K D"],
+    v_new_BKD: Float[ArrayLike, "B K D"],
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    layer: Int[ArrayLike, ""],
+    pages_BM: Int[ArrayLike, "B M"],
+    write_pos: Int[ArrayLike, " B"],
+    lengths: Int[ArrayLike, " B"],
     *,
     paged: bool,
 ) -> tuple[Float[Array, "B H D"], Array, Array]:

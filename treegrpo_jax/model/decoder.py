@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from treegrpo_jax.model import rope
 from treegrpo_jax.model.block_attention import BlockMask, block_sparse_attention
@@ -46,7 +46,7 @@ _REMAT_POLICIES = {
 _NEG_INF = -1e30  # finite: a row that sees nothing (padding) must not produce NaNs
 
 
-def mask_bias(mask: Bool[Array, "..."]) -> Float[Array, "..."]:
+def mask_bias(mask: Bool[ArrayLike, "..."]) -> Float[Array, "..."]:
     """0 where attention is allowed, `_NEG_INF` where not (added to the scores).
 
     Exactly the select it replaces: scores are far below the spacing of f32 values near 1e30,
@@ -55,7 +55,7 @@ def mask_bias(mask: Bool[Array, "..."]) -> Float[Array, "..."]:
     return jnp.where(mask, 0.0, _NEG_INF).astype(jnp.float32)
 
 
-def _linear(x: Array, w: Array) -> Array:
+def _linear(x: ArrayLike, w: ArrayLike) -> Array:
     """`x[..., I] @ w[I, ...]` as one 2-D matmul.
 
     XLA:CPU runs the backward of a rank-3 einsum ("bte,ehd->bthd") through transposes of the
@@ -67,7 +67,7 @@ def _linear(x: Array, w: Array) -> Array:
     return y.reshape(*lead, *out)
 
 
-def _rms_norm(x: Array, weight: Array, eps: float) -> Array:
+def _rms_norm(x: ArrayLike, weight: ArrayLike, eps: float) -> Array:
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return weight.astype(jnp.float32) * normed
@@ -168,11 +168,11 @@ class Decoder(nnx.Module):
         mlp = _linear(jax.nn.silu(gate) * up, p["w_down"].astype(dt))
         return x + mlp.astype(x.dtype)
 
-    def _embed(self, tokens: Int[Array, "B T"]) -> Array:
+    def _embed(self, tokens: Int[ArrayLike, "B T"]) -> Array:
         # The residual stream is kept in f32 when computing in f32, else in the compute dtype.
         return jnp.take(self.embed[...], tokens, axis=0).astype(self.cfg.jnp_dtype)
 
-    def logits(self, h_BTE: Float[Array, "B T E"]) -> Float[Array, "B T V"]:
+    def logits(self, h_BTE: Float[ArrayLike, "B T E"]) -> Float[Array, "B T V"]:
         """LM head on final hidden states; f32 accumulation so log-probs are exact."""
         dt = self.cfg.jnp_dtype
         if self.cfg.tie_embeddings:
@@ -189,9 +189,9 @@ class Decoder(nnx.Module):
     # ------------------------------------------------------------ entry points
     def hidden(
         self,
-        tokens: Int[Array, "B T"],
-        positions: Int[Array, "B T"],
-        mask: Bool[Array, "B T T"] | BlockMask | CausalMask,
+        tokens: Int[ArrayLike, "B T"],
+        positions: Int[ArrayLike, "B T"],
+        mask: Bool[ArrayLike, "B T T"] | BlockMask | CausalMask,
     ) -> Float[Array, "B T E"]:
         """Final-norm hidden states of a full forward. `mask[b, i, j]`: query i may see key j;
         a `BlockMask` computes only the key blocks it lists (packed trees); a `CausalMask`
@@ -223,19 +223,19 @@ class Decoder(nnx.Module):
 
     def __call__(
         self,
-        tokens: Int[Array, "B T"],
-        positions: Int[Array, "B T"],
-        mask: Bool[Array, "B T T"] | BlockMask | CausalMask,
+        tokens: Int[ArrayLike, "B T"],
+        positions: Int[ArrayLike, "B T"],
+        mask: Bool[ArrayLike, "B T T"] | BlockMask | CausalMask,
     ) -> Float[Array, "B T V"]:
         return self.logits(self.hidden(tokens, positions, mask))
 
     def append(
         self,
-        tokens: Int[Array, "B C"],
-        chunk_lens: Int[Array, " B"],
+        tokens: Int[ArrayLike, "B C"],
+        chunk_lens: Int[ArrayLike, " B"],
         cache: KVCache | PagedKVCache,
         *,
-        slots: Int[Array, " B"] | None = None,
+        slots: Int[ArrayLike, " B"] | None = None,
         attend_len: int | None = None,
         all_logits: bool = False,
         kernels: Kernels = Kernels.XLA,
@@ -313,12 +313,12 @@ class Decoder(nnx.Module):
 
     def prefill(
         self,
-        tokens: Int[Array, " N"],
-        token_rows: Int[Array, " N"],
-        row_start: Int[Array, " R1"],
+        tokens: Int[ArrayLike, " N"],
+        token_rows: Int[ArrayLike, " N"],
+        row_start: Int[ArrayLike, " R1"],
         cache: KVCache | PagedKVCache,
         *,
-        slots: Int[Array, " R"],
+        slots: Int[ArrayLike, " R"],
     ) -> KVCache | PagedKVCache:
         """Writes flat ragged chunks into the cache with the CPU prefill kernel; returns the cache.
 
@@ -352,11 +352,11 @@ class Decoder(nnx.Module):
 
     def decode(
         self,
-        tokens: Int[Array, " B"],
+        tokens: Int[ArrayLike, " B"],
         cache: KVCache | PagedKVCache,
-        active: Bool[Array, " B"],
+        active: Bool[ArrayLike, " B"],
         *,
-        slots: Int[Array, " B"] | None = None,
+        slots: Int[ArrayLike, " B"] | None = None,
         attend_len: int | None = None,
         kernels: Kernels = Kernels.XLA,
     ) -> tuple[Float[Array, "B V"], KVCache | PagedKVCache]:
@@ -371,7 +371,7 @@ class Decoder(nnx.Module):
         )
 
 
-def causal_mask(valid: Bool[Array, "B T"]) -> Bool[Array, "B T T"]:
+def causal_mask(valid: Bool[ArrayLike, "B T"]) -> Bool[Array, "B T T"]:
     """Causal mask for left-aligned rows; padding keys are hidden (padding queries see token 0)."""
     t = valid.shape[1]
     tri = jnp.tril(jnp.ones((t, t), bool))

@@ -22,15 +22,16 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.model.cache import scatter
 from treegrpo_jax.model.config import ModelConfig
 
 PAGED_CACHE_AXES = ("layers", "kv_heads", "pages", "page", "head_dim")
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
     k: Float[Array, "L K NP P D"]
@@ -57,16 +58,16 @@ class PagedKVCache:
         return self.page_table.shape[1] * self.page_size
 
     # ------------------------------------------------ the decoder's interface
-    def offsets(self, slots: Int[Array, " B"]) -> Int[Array, " B"]:
+    def offsets(self, slots: Int[ArrayLike, " B"]) -> Int[Array, " B"]:
         return self.lengths[jnp.minimum(slots, self.num_slots - 1)]
 
-    def row_pages(self, slots: Int[Array, " B"]) -> Int[Array, "B MP"]:
+    def row_pages(self, slots: Int[ArrayLike, " B"]) -> Int[Array, "B MP"]:
         """Each row's page table; rows past the sequences (padding) get "no page" everywhere."""
         pages = self.page_table[jnp.minimum(slots, self.num_slots - 1)]
         return jnp.where((slots < self.num_slots)[:, None], pages, self.num_pages)
 
     def write(
-        self, layer, slots: Int[Array, " B"], write_pos: Int[Array, "B C"], k_BCKD, v_BCKD
+        self, layer, slots: Int[ArrayLike, " B"], write_pos: Int[ArrayLike, "B C"], k_BCKD, v_BCKD
     ) -> PagedKVCache:
         """Writes row b's chunk at positions `write_pos[b]` of its sequence; positions
         ≥ max_len, padding rows and positions without a page are dropped."""
@@ -81,7 +82,7 @@ class PagedKVCache:
         v = scatter(self.v, (layer, slice(None), page, off), v_BCKD)
         return dataclasses.replace(self, k=k, v=v)
 
-    def read(self, layer, slots: Int[Array, " B"] | None, span: int) -> tuple[Array, Array]:
+    def read(self, layer, slots: Int[ArrayLike, " B"] | None, span: int) -> tuple[Array, Array]:
         """The first `span` keys and values (a multiple of P) of each row's sequence,
         gathered page by page: `[B, K, span, D]`. Positions without a page read page NP-1;
         the caller masks them by length."""
@@ -150,7 +151,7 @@ class PagedKVCache:
         pages = self.row_pages(slots)
         return paged_attention_pallas(q_BHD, k, v, pages, live_lens, platform=platform, interpret=interpret)
 
-    def add_lengths(self, slots: Int[Array, " B"], chunk_lens: Int[Array, " B"]) -> PagedKVCache:
+    def add_lengths(self, slots: Int[ArrayLike, " B"], chunk_lens: Int[ArrayLike, " B"]) -> PagedKVCache:
         lengths = self.lengths.at[slots].add(chunk_lens.astype(self.lengths.dtype), mode="drop")
         return dataclasses.replace(self, lengths=lengths)
 
@@ -174,7 +175,7 @@ def init_paged_cache(
     )
 
 
-def copy_pages(cache: PagedKVCache, src: Int[Array, " N"], dst: Int[Array, " N"]) -> PagedKVCache:
+def copy_pages(cache: PagedKVCache, src: Int[ArrayLike, " N"], dst: Int[ArrayLike, " N"]) -> PagedKVCache:
     """Copies page src[i] into page dst[i] in every layer (copy-on-write of a branch's partial
     last page); pairs with dst ≥ NP are ignored, which lets callers pad N."""
     src = jnp.minimum(src, cache.num_pages - 1)

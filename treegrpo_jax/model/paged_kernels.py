@@ -23,7 +23,7 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from treegrpo_jax.model.decode_attention import decode_attention_xla
 
@@ -31,11 +31,11 @@ PLATFORMS = ("gpu", "tpu")
 
 
 def paged_attention_xla(
-    q_BHD: Float[Array, "B H D"],
-    k_pages: Array,
-    v_pages: Array,
-    pages_BM: Int[Array, "B M"],
-    lengths: Int[Array, " B"],
+    q_BHD: Float[ArrayLike, "B H D"],
+    k_pages: ArrayLike,
+    v_pages: ArrayLike,
+    pages_BM: Int[ArrayLike, "B M"],
+    lengths: Int[ArrayLike, " B"],
 ) -> Float[Array, "B H D"]:
     """Reference: each row's pages gathered in table order are a slot; attend it with the slot
     cache's reference (`decode_attention_xla`). Rows of length 0 give zeros."""
@@ -59,11 +59,11 @@ def _largest_divisor(n: int, at_most: int) -> int:
 
 
 def paged_attention_pallas(
-    q_BHD: Float[Array, "B H D"],
-    k_pages: Array,
-    v_pages: Array,
-    pages_BM: Int[Array, "B M"],
-    lengths: Int[Array, " B"],
+    q_BHD: Float[ArrayLike, "B H D"],
+    k_pages: ArrayLike,
+    v_pages: ArrayLike,
+    pages_BM: Int[ArrayLike, "B M"],
+    lengths: Int[ArrayLike, " B"],
     *,
     platform: str,
     interpret: bool = False,

@@ -18,24 +18,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from treegrpo_jax.native import build as native_build
 
 
 def prefill_attention_native(
-    q_NHD: Float[Array, "N H D"],
-    k_new_NKD: Float[Array, "N K D"],
-    v_new_NKD: Float[Array, "N K D"],
-    k_cache: Array,
-    v_cache: Array,
-    layer: Int[Array, ""],
-    pages_RM: Int[Array, "R M"],
-    row_start: Int[Array, " R1"],
-    offsets: Int[Array, " R"],
+    q_NHD: Float[ArrayLike, "N H D"],
+    k_new_NKD: Float[ArrayLike, "N K D"],
+    v_new_NKD: Float[ArrayLike, "N K D"],
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    layer: Int[ArrayLike, ""],
+    pages_RM: Int[ArrayLike, "R M"],
+    row_start: Int[ArrayLike, " R1"],
+    offsets: Int[ArrayLike, " R"],
     *,
     paged: bool,
-    attend: Int[Array, ""] | bool = True,
+    attend: Int[ArrayLike, ""] | bool = True,
 ) -> tuple[Float[Array, "N H D"], Array, Array]:
     """Writes the chunk's keys/values in place, then attends causally; returns (out, k, v).
 

@@ -11,7 +11,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from treegrpo_jax.model.config import ModelConfig, RopeType
 
@@ -36,13 +36,13 @@ def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
     return inv.astype(np.float32)
 
 
-def rotary_angles(positions: Int[Array, "B T"], inv_freq) -> tuple[Array, Array]:
+def rotary_angles(positions: Int[ArrayLike, "B T"], inv_freq) -> tuple[Array, Array]:
     """cos, sin of shape [B, T, D/2] in float32 (`inv_freq`: array or tuple of floats)."""
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rotary(x: Float[Array, "B T N D"], cos: Array, sin: Array) -> Array:
+def apply_rotary(x: Float[ArrayLike, "B T N D"], cos: ArrayLike, sin: ArrayLike) -> Array:
     """Rotates q or k (any head count N); math in float32, result in x's dtype."""
     half = x.shape[-1] // 2
     xf = x.astype(jnp.float32)

@@ -13,7 +13,7 @@ is copied. It runs on CPU in interpret mode, so its exactness test runs in CI.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 
 def _split(u: int) -> tuple[int, int] | None:
@@ -30,10 +30,10 @@ def _split(u: int) -> tuple[int, int] | None:
 
 
 def slot_attention_pallas(
-    q_BHD: Float[Array, "B H D"],
-    k_BKUD: Array,
-    v_BKUD: Array,
-    lengths: Int[Array, " B"],
+    q_BHD: Float[ArrayLike, "B H D"],
+    k_BKUD: ArrayLike,
+    v_BKUD: ArrayLike,
+    lengths: Int[ArrayLike, " B"],
     *,
     interpret: bool = False,
 ) -> Float[Array, "B H D"]:

@@ -22,7 +22,7 @@ import math
 import pathlib
 import re
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -98,6 +98,7 @@ def hf_shape(m: TensorMapping, cfg: ModelConfig) -> tuple[int, ...]:
     return tuple(math.prod(sizes[a] for a in g) for g in _groups(m.hf_pattern))
 
 
+@runtime_checkable  # the tests check signatures at run time (jaxtyping + beartype)
 class TensorSource(Protocol):
     """Tensors by HF name in HF layout; `read` returns only the requested block."""
 
@@ -336,7 +337,7 @@ def load_hf(
 
 
 # ----------------------------------------------------------------------- saving
-def _to_host(x: jax.Array) -> np.ndarray:
+def _to_host(x: jax.ArrayLike) -> np.ndarray:
     # On multi-host meshes a parameter is not addressable from one process: gather it.
     return np.asarray(x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True))
 

@@ -62,7 +62,9 @@ def parse_estimator(value: str | Estimator) -> Estimator:
     return as_enum(Estimator, value, "advantage estimator")
 
 
-def _zscore(r: Float[Array, " B"], ids: Int[Array, " B"], mask: Bool[Array, " B"]) -> Float[Array, " B"]:
+def _zscore(
+    r: Float[ArrayLike, " B"], ids: Int[ArrayLike, " B"], mask: Bool[ArrayLike, " B"]
+) -> Float[Array, " B"]:
     """Group z-score of every row (rows sorted by group id); padding rows 0; singletons r/(1+eps)."""
     b = r.shape[0]
     seg = functools.partial(jax.ops.segment_sum, segment_ids=ids, num_segments=b, indices_are_sorted=True)

@@ -29,8 +29,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Bool, Float, Int
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
 from treegrpo_jax.rollout.tree import Tree
+
+# A step's arrays are built on the host (NumPy), then placed on the mesh (jax.Array); the
+# batch types hold either.
+Rows = np.ndarray | Array
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,7 +66,7 @@ class PathRow:
             raise ValueError("PathRow.loss_mask[0] must be 0: the first token has no prediction")
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PathBatch:
     """Padded rows. Leading dims `...` are `[n_mini, n_micro, b]` or flat `[B]`.
@@ -81,17 +86,17 @@ class PathBatch:
         computes its own from the rewards and does not read this field.
     """
 
-    tokens: Int[Array, "... T"]
-    positions: Int[Array, "... T"]
-    valid: Bool[Array, "... T"]
-    loss_mask: Float[Array, "... T"]
-    sampler_logp: Float[Array, "... T"]
-    reward: Float[Array, "..."]
-    prompt_id: Int[Array, "..."]
-    tree_id: Int[Array, "..."]
-    row_valid: Bool[Array, "..."]
-    advantage: Float[Array, "..."]
-    shared: Float[Array, "... T"]
+    tokens: Int[Rows, "... T"]
+    positions: Int[Rows, "... T"]
+    valid: Bool[Rows, "... T"]
+    loss_mask: Float[Rows, "... T"]
+    sampler_logp: Float[Rows, "... T"]
+    reward: Float[Rows, "..."]
+    prompt_id: Int[Rows, "..."]
+    tree_id: Int[Rows, "..."]
+    row_valid: Bool[Rows, "..."]
+    advantage: Float[Rows, "..."]
+    shared: Float[Rows, "... T"]
 
     @property
     def seq_len(self) -> int:
@@ -147,7 +152,7 @@ class BatchLayout:
     length_buckets: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
     row_multiple: int = 8
     split_groups: bool = False
-    kind: LayoutKind = LayoutKind.PACKED
+    kind: LayoutKind | str = LayoutKind.PACKED  # a name is parsed in __post_init__
 
     def __post_init__(self):
         try:
@@ -214,7 +219,7 @@ def split_minibatches(prompt_ids: Sequence[int], layout: BatchLayout) -> list[li
     """
     n_mini = layout.num_minibatches
     if layout.split_groups:
-        return [list(part) for part in np.array_split(np.arange(len(prompt_ids)), n_mini)]
+        return [part.tolist() for part in np.array_split(np.arange(len(prompt_ids)), n_mini)]
     groups: dict[int, list[int]] = {}
     for i, prompt_id in enumerate(prompt_ids):
         groups.setdefault(prompt_id, []).append(i)

@@ -20,7 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from treegrpo_jax.model.block_attention import BlockMask
 from treegrpo_jax.model.causal_attention import CausalMask
@@ -79,7 +79,7 @@ def _head_bwd(tied, dtype, res, g):
 _head_logp.defvjp(_head_fwd, _head_bwd)
 
 
-def _head(model: Decoder, h_BCE: Array, targets_BC: Array) -> tuple[Array, Array]:
+def _head(model: Decoder, h_BCE: ArrayLike, targets_BC: ArrayLike) -> tuple[Array, Array]:
     b, c, e = h_BCE.shape
     tied = model.cfg.tie_embeddings
     w = model.embed[...] if tied else model.lm_head[...]
@@ -89,7 +89,7 @@ def _head(model: Decoder, h_BCE: Array, targets_BC: Array) -> tuple[Array, Array
 
 
 def _chunked_head(
-    model: Decoder, h_BTE: Array, targets_BT: Array, chunk: int | None
+    model: Decoder, h_BTE: ArrayLike, targets_BT: ArrayLike, chunk: int | None
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """(logp of targets, entropy) from the hidden states that predict them, chunk by chunk over T."""
     b, t = targets_BT.shape
@@ -111,9 +111,9 @@ def _chunked_head(
 
 def token_logprobs(
     model: Decoder,
-    tokens: Int[Array, "B T"],
-    positions: Int[Array, "B T"],
-    valid: Bool[Array, "B T"],
+    tokens: Int[ArrayLike, "B T"],
+    positions: Int[ArrayLike, "B T"],
+    valid: Bool[ArrayLike, "B T"],
     *,
     chunk: int | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
@@ -139,7 +139,7 @@ def token_logprobs(
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, entropy], axis=1)
 
 
-def tree_mask(segment: Int[Array, "B T"], span_end: Int[Array, "B T"]) -> Bool[Array, "B T T"]:
+def tree_mask(segment: Int[ArrayLike, "B T"], span_end: Int[ArrayLike, "B T"]) -> Bool[Array, "B T T"]:
     """Attention of depth-first packed trees: a token sees its ancestors and its node's earlier tokens.
 
     Tokens are laid out depth-first (a node's own tokens, then its children's subtrees), so the
@@ -160,7 +160,7 @@ def tree_mask(segment: Int[Array, "B T"], span_end: Int[Array, "B T"]) -> Bool[A
 
 
 def tree_block_mask(
-    segment: Int[Array, "B T"], span_end: Int[Array, "B T"], key_blocks: Int[Array, "B NQ J"]
+    segment: Int[ArrayLike, "B T"], span_end: Int[ArrayLike, "B T"], key_blocks: Int[ArrayLike, "B NQ J"]
 ) -> BlockMask:
     """`tree_mask` restricted to the key blocks each query block lists (`packed.key_blocks`).
 
@@ -183,13 +183,13 @@ def tree_block_mask(
 
 def tree_token_logprobs(
     model: Decoder,
-    tokens: Int[Array, "B T"],
-    positions: Int[Array, "B T"],
-    segment: Int[Array, "B T"],
-    span_end: Int[Array, "B T"],
-    prev: Int[Array, "B T"],
+    tokens: Int[ArrayLike, "B T"],
+    positions: Int[ArrayLike, "B T"],
+    segment: Int[ArrayLike, "B T"],
+    span_end: Int[ArrayLike, "B T"],
+    prev: Int[ArrayLike, "B T"],
     *,
-    key_blocks: Int[Array, "B NQ J"] | None = None,
+    key_blocks: Int[ArrayLike, "B NQ J"] | None = None,
     chunk: int | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """`token_logprobs` for depth-first packed trees (`rl.packed`).

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from treegrpo_jax.rl.advantages import Estimator, parse_estimator
 from treegrpo_jax.rl.token_weights import Aggregation, Credit, TokenWeights
@@ -62,15 +62,15 @@ class LossConfig:
       credit: shared-prefix credit, "sum" (the paper), "mean" or "sqrt" (`token_weights.Credit`).
     """
 
-    mode: LossMode = LossMode.RL
-    estimator: Estimator = Estimator.TREE
+    mode: LossMode | str = LossMode.RL  # a name is parsed into the enum in __post_init__
+    estimator: Estimator | str = Estimator.TREE
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = 3.0
     kl_coef: float = 0.001
     entropy_coef: float = 0.001
-    aggregation: Aggregation = Aggregation.TOKEN_MEAN
-    credit: Credit = Credit.SUM
+    aggregation: Aggregation | str = Aggregation.TOKEN_MEAN
+    credit: Credit | str = Credit.SUM
 
     def __post_init__(self):
         object.__setattr__(self, "mode", _enum(LossMode, self.mode, "mode"))
@@ -108,16 +108,16 @@ class LossAux(NamedTuple):
 
 
 def policy_loss(
-    logp: Float[Array, "B T"],
-    logp_old: Float[Array, "B T"] | None,
-    ref_logp: Float[Array, "B T"] | None,
-    entropy: Float[Array, "B T"],
+    logp: Float[ArrayLike, "B T"],
+    logp_old: Float[ArrayLike, "B T"] | None,
+    ref_logp: Float[ArrayLike, "B T"] | None,
+    entropy: Float[ArrayLike, "B T"],
     weights: TokenWeights,
     *,
     cfg: LossConfig,
-    num_tokens: Float[Array, ""] | float,
-    num_rows: Float[Array, ""] | float,
-) -> tuple[Float[Array, ""], LossAux]:
+    num_tokens: Float[ArrayLike, ""] | float,
+    num_rows: Float[ArrayLike, ""] | float,
+) -> tuple[Float[ArrayLike, ""], LossAux]:
     """The loss of a (micro-)batch, normalised by the mini-batch counts.
 
     Args:

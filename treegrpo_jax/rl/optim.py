@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from treegrpo_jax.validation import as_enum
 
@@ -47,7 +47,7 @@ class OptimConfig:
     learning_rate: float = 1e-6
     warmup_ratio: float = 0.285
     total_steps: int = 180
-    schedule: DecaySchedule = DecaySchedule.CONSTANT
+    schedule: DecaySchedule | str = DecaySchedule.CONSTANT  # a name is parsed in __post_init__
     min_lr_ratio: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
@@ -93,7 +93,7 @@ def schedule(cfg: OptimConfig) -> optax.Schedule:
     return optax.join_schedules([warmup, after], boundaries=[w])
 
 
-def learning_rate(cfg: OptimConfig, step: Int[Array, ""] | int) -> Float[Array, ""]:
+def learning_rate(cfg: OptimConfig, step: Int[ArrayLike, ""] | int) -> Float[Array, ""]:
     """Learning rate at RL step `step` (0-based)."""
     return jnp.asarray(schedule(cfg)(step), jnp.float32)
 

@@ -36,13 +36,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Bool, Float, Int
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
-from treegrpo_jax.rl.batch import BatchLayout, bucket_length, bucket_rows, split_minibatches
+from treegrpo_jax.rl.batch import BatchLayout, Rows, bucket_length, bucket_rows, split_minibatches
 from treegrpo_jax.rollout.tree import Tree
 
 _TABLE_MULTIPLE = 64  # leaf / node / pair tables are padded to 64 · 2^k entries
@@ -51,7 +51,7 @@ ATTENTION_BLOCK = 64  # tokens per query / key block of the block-sparse attenti
 _PER_TOKEN = ("tokens", "positions", "prev", "segment", "span_end", "node", "loss_mask", "sampler_logp")
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PackedBatch:
     """A step's trees packed into rows `[n_mini, n_micro, b, T]`, with leaf, pair and node tables.
@@ -73,25 +73,25 @@ class PackedBatch:
       key_blocks: per row and query block, the key blocks its queries may see (see `key_blocks`).
     """
 
-    tokens: Int[Array, "... T"]
-    positions: Int[Array, "... T"]
-    prev: Int[Array, "... T"]
-    segment: Int[Array, "... T"]
-    span_end: Int[Array, "... T"]
-    node: Int[Array, "... T"]
-    loss_mask: Float[Array, "... T"]
-    sampler_logp: Float[Array, "... T"]
-    reward: Float[Array, " L"]
-    prompt_id: Int[Array, " L"]
-    tree_id: Int[Array, " L"]
-    leaf_valid: Bool[Array, " L"]
-    leaf_tokens: Float[Array, " L"]
-    leaf_mini: Int[Array, " L"]
-    pair_leaf: Int[Array, " Q"]
-    pair_node: Int[Array, " Q"]
-    node_parent: Int[Array, " N"]
-    node_leaves: Float[Array, " N"]
-    key_blocks: Int[Array, "... NQ J"]
+    tokens: Int[Rows, "... T"]
+    positions: Int[Rows, "... T"]
+    prev: Int[Rows, "... T"]
+    segment: Int[Rows, "... T"]
+    span_end: Int[Rows, "... T"]
+    node: Int[Rows, "... T"]
+    loss_mask: Float[Rows, "... T"]
+    sampler_logp: Float[Rows, "... T"]
+    reward: Float[Rows, " L"]
+    prompt_id: Int[Rows, " L"]
+    tree_id: Int[Rows, " L"]
+    leaf_valid: Bool[Rows, " L"]
+    leaf_tokens: Float[Rows, " L"]
+    leaf_mini: Int[Rows, " L"]
+    pair_leaf: Int[Rows, " Q"]
+    pair_node: Int[Rows, " Q"]
+    node_parent: Int[Rows, " N"]
+    node_leaves: Float[Rows, " N"]
+    key_blocks: Int[Rows, "... NQ J"]
 
     @property
     def seq_len(self) -> int:

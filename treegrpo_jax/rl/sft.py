@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from jaxtyping import Int
 
 from treegrpo_jax.rl.batch import PathRow
 from treegrpo_jax.rl.loss import Aggregation, LossConfig, LossMode
@@ -24,7 +25,7 @@ def sft_loss_config(aggregation: Aggregation | str = Aggregation.TOKEN_MEAN) -> 
 
 
 def demonstration_row(
-    spans: Sequence[tuple[Sequence[int], bool]], *, prompt_id: int, tree_id: int = 0
+    spans: Sequence[tuple[Sequence[int] | Int[np.ndarray, " _n"], bool]], *, prompt_id: int, tree_id: int = 0
 ) -> PathRow:
     """A PathRow from consecutive token spans, each flagged as model-generated (trained) or not.
 

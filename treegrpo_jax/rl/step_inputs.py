@@ -17,8 +17,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.rl import advantages
 from treegrpo_jax.rl.batch import PathBatch
 from treegrpo_jax.rl.loss import LossConfig, LossMode
@@ -26,20 +27,20 @@ from treegrpo_jax.rl.packed import PackedBatch
 from treegrpo_jax.rl.token_weights import TokenWeights, row_weights, tree_weights
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepRows:
     """Per-token model inputs and leaf sums, `[..., T]`; `key_blocks` (`[..., NQ, J]`, packed
     trees only) makes the attention block-sparse."""
 
-    tokens: Int[Array, "... T"]
-    positions: Int[Array, "... T"]
-    segment: Int[Array, "... T"]
-    span_end: Int[Array, "... T"]
-    prev: Int[Array, "... T"]
-    sampler_logp: Float[Array, "... T"]
+    tokens: Int[ArrayLike, "... T"]
+    positions: Int[ArrayLike, "... T"]
+    segment: Int[ArrayLike, "... T"]
+    span_end: Int[ArrayLike, "... T"]
+    prev: Int[ArrayLike, "... T"]
+    sampler_logp: Float[ArrayLike, "... T"]
     weights: TokenWeights
-    key_blocks: Int[Array, "... NQ J"] | None = None
+    key_blocks: Int[ArrayLike, "... NQ J"] | None = None
 
     def reshape_rows(self, *shape: int) -> StepRows:
         """Same rows with leading (row) dims `shape`."""
@@ -47,7 +48,7 @@ class StepRows:
         return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[n:]), self)
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepInputs:
     """The step's rows `[n_mini, n_micro, b, T]`, per-mini-batch normalisers, and leaf stats.
@@ -60,11 +61,11 @@ class StepInputs:
     """
 
     rows: StepRows
-    num_tokens: Float[Array, " n_mini"]
-    num_rows: Float[Array, " n_mini"]
-    reward: Float[Array, " L"]
-    advantage: Float[Array, " L"]
-    leaf_valid: Bool[Array, " L"]
+    num_tokens: Float[ArrayLike, " n_mini"]
+    num_rows: Float[ArrayLike, " n_mini"]
+    reward: Float[ArrayLike, " L"]
+    advantage: Float[ArrayLike, " L"]
+    leaf_valid: Bool[ArrayLike, " L"]
 
 
 def _leaf_advantage(reward, tree_id, prompt_id, valid, cfg: LossConfig):
@@ -73,7 +74,7 @@ def _leaf_advantage(reward, tree_id, prompt_id, valid, cfg: LossConfig):
     return advantages.compute(reward, tree_id, prompt_id, valid, cfg.estimator)
 
 
-def _per_mini(x: Array) -> Array:
+def _per_mini(x: ArrayLike) -> Array:
     return jnp.sum(x.reshape(x.shape[0], -1), axis=1)
 
 

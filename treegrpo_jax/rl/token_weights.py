@@ -43,7 +43,9 @@ import enum
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import ArrayLike, Bool, Float, Int
+
+from treegrpo_jax._pytree import pytree_dataclass
 
 
 class Aggregation(enum.StrEnum):
@@ -62,7 +64,7 @@ class Credit(enum.StrEnum):
     SQRT = "sqrt"  # 1/√n (TreeRL)
 
 
-def credit_scale(shared: Float[Array, "..."], credit: Credit) -> Float[Array, "..."]:
+def credit_scale(shared: Float[ArrayLike, "..."], credit: Credit) -> Float[ArrayLike, "..."]:
     """c(n): the factor on each path copy of a token that `shared` = n leaves pass through."""
     n = jnp.maximum(shared.astype(jnp.float32), 1.0)
     if credit == Credit.MEAN:
@@ -72,7 +74,7 @@ def credit_scale(shared: Float[Array, "..."], credit: Credit) -> Float[Array, ".
     return jnp.ones_like(n)
 
 
-def _credited(terms: Float[Array, "... 6"], scale: Float[Array, "..."]) -> Float[Array, "... 6"]:
+def _credited(terms: Float[ArrayLike, "... 6"], scale: Float[ArrayLike, "..."]) -> Float[ArrayLike, "... 6"]:
     """Scales the loss sums (pos, neg, weight) by the credit factor; the counts stay counts."""
     factor = jnp.concatenate(
         [jnp.broadcast_to(scale[..., None], (*scale.shape, 3)), jnp.ones((*scale.shape, 3))], -1
@@ -80,7 +82,7 @@ def _credited(terms: Float[Array, "... 6"], scale: Float[Array, "..."]) -> Float
     return terms * factor
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenWeights:
     """Sums over the leaves whose path holds the token; 0 off model tokens and on padding.
@@ -93,24 +95,24 @@ class TokenWeights:
       count_pos / count_neg: leaves with A_ℓ > 0 / A_ℓ < 0 (clip-fraction metrics).
     """
 
-    pos: Float[Array, "... T"]
-    neg: Float[Array, "... T"]
-    weight: Float[Array, "... T"]
-    count: Float[Array, "... T"]
-    count_pos: Float[Array, "... T"]
-    count_neg: Float[Array, "... T"]
+    pos: Float[ArrayLike, "... T"]
+    neg: Float[ArrayLike, "... T"]
+    weight: Float[ArrayLike, "... T"]
+    count: Float[ArrayLike, "... T"]
+    count_pos: Float[ArrayLike, "... T"]
+    count_neg: Float[ArrayLike, "... T"]
 
     @classmethod
-    def from_stack(cls, x: Float[Array, "... T 6"]) -> TokenWeights:
+    def from_stack(cls, x: Float[ArrayLike, "... T 6"]) -> TokenWeights:
         return cls(**{f.name: x[..., i] for i, f in enumerate(dataclasses.fields(cls))})
 
 
 def _leaf_terms(
-    advantage: Float[Array, "*L"],
-    model_tokens: Float[Array, "*L"],
-    valid: Bool[Array, "*L"],
+    advantage: Float[ArrayLike, "*L"],
+    model_tokens: Float[ArrayLike, "*L"],
+    valid: Bool[ArrayLike, "*L"],
     aggregation: Aggregation,
-) -> Float[Array, "*L 6"]:
+) -> Float[ArrayLike, "*L 6"]:
     """Per leaf, the six TokenWeights terms (stacked last, in field order); 0 on invalid leaves."""
     a = advantage.astype(jnp.float32)
     if aggregation == Aggregation.TOKEN_MEAN:
@@ -130,11 +132,11 @@ def _leaf_terms(
 
 
 def row_weights(
-    advantage: Float[Array, "..."],
-    model_mask: Float[Array, "... T"],
+    advantage: Float[ArrayLike, "..."],
+    model_mask: Float[ArrayLike, "... T"],
     aggregation: Aggregation,
     *,
-    shared: Float[Array, "... T"] | None = None,
+    shared: Float[ArrayLike, "... T"] | None = None,
     credit: Credit = Credit.SUM,
 ) -> TokenWeights:
     """Path rows: every model token of a row carries its own leaf's terms.
@@ -158,17 +160,17 @@ def row_weights(
 
 
 def tree_weights(
-    advantage: Float[Array, " L"],
-    leaf_tokens: Float[Array, " L"],
-    leaf_valid: Bool[Array, " L"],
-    pair_leaf: Int[Array, " Q"],
-    pair_node: Int[Array, " Q"],
-    token_node: Int[Array, "... T"],
-    model_mask: Float[Array, "... T"],
+    advantage: Float[ArrayLike, " L"],
+    leaf_tokens: Float[ArrayLike, " L"],
+    leaf_valid: Bool[ArrayLike, " L"],
+    pair_leaf: Int[ArrayLike, " Q"],
+    pair_node: Int[ArrayLike, " Q"],
+    token_node: Int[ArrayLike, "... T"],
+    model_mask: Float[ArrayLike, "... T"],
     *,
     num_nodes: int,
     aggregation: Aggregation,
-    node_leaves: Float[Array, " N"] | None = None,
+    node_leaves: Float[ArrayLike, " N"] | None = None,
     credit: Credit = Credit.SUM,
 ) -> TokenWeights:
     """Packed trees: a token's sums over the leaves below its node.

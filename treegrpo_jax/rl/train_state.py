@@ -17,13 +17,14 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.model.build import param_shardings
 from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.parallel.rules import DEFAULT_RULES, Rules
 from treegrpo_jax.rl.optim import OptimConfig, make_optimizer
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainState:
     """Everything a train step updates.
@@ -39,8 +40,9 @@ class TrainState:
     graphdef: nnx.GraphDef = dataclasses.field(metadata=dict(static=True))
     params: nnx.State
     opt_state: Any
-    step: jax.Array
-    skipped: jax.Array
+    # The shardings tree of `create_train_state` is a TrainState too, with a sharding per leaf.
+    step: jax.Array | jax.sharding.Sharding
+    skipped: jax.Array | jax.sharding.Sharding
 
     def replace(self, **changes) -> TrainState:
         return dataclasses.replace(self, **changes)

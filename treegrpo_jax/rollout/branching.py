@@ -25,13 +25,14 @@ deterministic per rollout key, prompt, tree and round.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from treegrpo_jax.rollout.tree import Node, Tree
 
 
+@runtime_checkable  # the tests check signatures at run time (jaxtyping + beartype)
 class RuleParams(Protocol):
     """What a rule reads from its config (`search_state.TreeSearchConfig` is one): the rule's
     fields only, so this module needs nothing from the search that calls it."""

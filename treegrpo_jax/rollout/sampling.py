@@ -16,12 +16,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
+from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.native import Kernels, build
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     temperature: Float[Array, " S"]
@@ -50,7 +51,7 @@ class SamplingParams:
         )
 
 
-def _filtered_logits(logits: Float[Array, "S V"], params: SamplingParams) -> Array:
+def _filtered_logits(logits: Float[ArrayLike, "S V"], params: SamplingParams) -> Array:
     """Masks tokens outside each row's top-k / nucleus to -inf (one sort per row)."""
     v = logits.shape[-1]
     sorted_desc = -jnp.sort(-logits, axis=-1)
@@ -66,7 +67,7 @@ def _filtered_logits(logits: Float[Array, "S V"], params: SamplingParams) -> Arr
     return jnp.where(logits >= threshold, logits, -jnp.inf)
 
 
-def first_argmax(x: Float[Array, "S V"]) -> Int[Array, " S"]:
+def first_argmax(x: Float[ArrayLike, "S V"]) -> Int[Array, " S"]:
     """`jnp.argmax(x, -1)` (the first maximum) as a max and a min-reduce.
 
     XLA:CPU runs argmax's (value, index) reduction scalar: 1.2 ms for 128 x 4096 against
@@ -77,7 +78,7 @@ def first_argmax(x: Float[Array, "S V"]) -> Int[Array, " S"]:
     return jnp.min(jnp.where(x == top, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
 
 
-def _sample_native(logits: Float[Array, "S V"], keys: Array, params: SamplingParams):
+def _sample_native(logits: Float[ArrayLike, "S V"], keys: ArrayLike, params: SamplingParams):
     """The CPU kernel (`treegrpo_jax/native/sampling.cc`): tokens and log-probs in O(V), no sort."""
     build.library()  # registers the FFI target (builds once if needed)
     u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
@@ -90,7 +91,11 @@ def _sample_native(logits: Float[Array, "S V"], keys: Array, params: SamplingPar
 
 
 def sample(
-    logits: Float[Array, "S V"], keys: Array, params: SamplingParams, *, kernels: Kernels = Kernels.XLA
+    logits: Float[ArrayLike, "S V"],
+    keys: ArrayLike,
+    params: SamplingParams,
+    *,
+    kernels: Kernels = Kernels.XLA,
 ) -> tuple[Int[Array, " S"], Float[Array, " S"], Float[Array, " S"]]:
     """Samples one token per row.
 

@@ -97,7 +97,7 @@ class SchedulerConfig:
         retriever's latency overlaps instead of queueing.
     """
 
-    driver: Driver = Driver.CONTINUOUS
+    driver: Driver | str = Driver.CONTINUOUS  # a name is parsed in __post_init__
     quantum: int = 32
     exit_fraction: float = 1.0
     admit_prompts: int = 1

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Int, UInt8
+from jaxtyping import Array, ArrayLike, Bool, Int, UInt8
+
+from treegrpo_jax._pytree import pytree_dataclass
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:
@@ -65,7 +66,7 @@ def token_bytes(tokenizer) -> list[bytes]:
     return out
 
 
-@jax.tree_util.register_dataclass
+@pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class StopTable:
     """Device tables for byte-suffix stop matching (N may be 0: no stop strings)."""
@@ -108,7 +109,7 @@ def empty_window(num_rows: int, table: StopTable) -> UInt8[Array, "S W"]:
     return jnp.zeros((num_rows, table.width), jnp.uint8)
 
 
-def push(window: UInt8[Array, "S W"], tokens: Int[Array, " S"], table: StopTable):
+def push(window: UInt8[ArrayLike, "S W"], tokens: Int[ArrayLike, " S"], table: StopTable):
     """Appends each row's token bytes to its window; returns (window, stop matched [S])."""
     w = table.width
     new_bytes = table.tok_bytes[tokens]  # [S, W]
