@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from treegrpo_jax.native import build as native_build
 
@@ -35,7 +35,7 @@ def prefill_attention_native(
     offsets: Int[ArrayLike, " R"],
     *,
     paged: bool,
-    attend: Int[ArrayLike, ""] | bool = True,
+    attend: Int[ArrayLike, ""] | Bool[ArrayLike, ""] | bool = True,
 ) -> tuple[Float[Array, "N H D"], Array, Array]:
     """Writes the chunk's keys/values in place, then attends causally; returns (out, k, v).
 

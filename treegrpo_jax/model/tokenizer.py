@@ -21,6 +21,8 @@ import json
 import pathlib
 from collections.abc import Sequence
 
+import numpy as np
+from jaxtyping import Int
 from tokenizers import AddedToken, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -161,7 +163,7 @@ class Tokenizer:
             ids = [self.bos_id, *ids]
         return ids
 
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids: Sequence[int] | Int[np.ndarray, " n"], *, skip_special_tokens: bool = False) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def id_to_piece(self, token_id: int) -> str:
