@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from treegrpo_jax.rollout import branching
-from treegrpo_jax.rollout.search_state import RolloutContext, TreeSearchConfig, TreeState
+from treegrpo_jax.rollout.search_state import TreeSearchConfig, TreeState, pick_branches
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
 
 
@@ -76,12 +76,12 @@ def test_picks_follow_the_weights_and_repeat_per_key(rule):
     """Over many prompt uids the seeded picks land with the rule's frequencies; the same
     (key, uid, tree, round) picks the same nodes again."""
     search = TreeSearchConfig(num_trees=1, num_picks=4, num_rounds=1, rule=rule, rule_tokens=2)
-    ctx = RolloutContext(engine=None, env=None, search=search, agent=None, key=jax.random.key(0))
+    words = [int(w) for w in np.asarray(jax.random.key_data(jax.random.key(0))).ravel()]
     counts = np.zeros(3)
     for uid in range(3000):
         state = TreeState(tree=_tree(), uid=uid, golds=("x",), holder={})
-        picks = ctx.pick(state, 0)
-        assert [n.node_id for n, _ in picks] == [n.node_id for n, _ in ctx.pick(state, 0)]
+        picks = pick_branches(search, words, state, 0)
+        assert [n.node_id for n, _ in picks] == [n.node_id for n, _ in pick_branches(search, words, state, 0)]
         assert [b for _, b in picks] == [1, 2, 3, 4]  # branch numbers of round 0
         for n, _ in picks:
             counts[n.node_id] += 1

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jaxtyping import Int
 
 from treegrpo_jax._pytree import pytree_dataclass
 from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
@@ -40,6 +42,9 @@ from treegrpo_jax.native import Kernels, resolve
 from treegrpo_jax.rollout import stops as stops_lib
 from treegrpo_jax.rollout.page_pool import KV_LAYOUTS, OutOfSlotsError, PagePool
 from treegrpo_jax.rollout.sampling import SamplingParams, sample
+
+# Token ids as callers hold them: Python ints, NumPy integers, or an int array.
+TokenIds = Sequence[int | np.integer] | Int[np.ndarray, " _n"]
 
 
 def _pad_rows(x: np.ndarray, pad: int) -> jax.Array:
@@ -133,7 +138,7 @@ class _DecodeCarry:
     """The decode loop's state; rows are the call's B rows."""
 
     step: jax.Array  # [] steps run
-    cache: KVCache | PagedKVCache
+    cache: KVCache | PagedKVCache | None  # None in the host copy read back after the call
     pending: jax.Array  # [B] the token each row writes next
     active: jax.Array  # [B] bool: still generating
     tokens: jax.Array  # [B, N] generated ids
@@ -154,13 +159,13 @@ class _DecodeInputs:
     slots: np.ndarray  # [B] each row's slot (padding rows: ≥ S)
     pending: np.ndarray  # [B] the token each row writes first
     active: np.ndarray  # [B] bool: a real row
-    keys: np.ndarray  # [B, 2] raw PRNG key words (`key_impl`)
+    keys: jax.Array  # [B, 2] raw PRNG key words (`key_impl`), padded on the host
     sampling: SamplingParams  # one row each
     budget: np.ndarray  # [B] tokens each row may generate
     eos_ids: jax.Array  # [E]
     stop_table: stops_lib.StopTable
     window: np.ndarray  # [B, W] uint8: each row's stop-string window carried over
-    exit_after: np.ndarray  # []: return once this many rows have stopped
+    exit_after: np.int32  # return once this many rows have stopped
 
 
 @functools.partial(
@@ -450,7 +455,7 @@ class Engine:
         return b, rows
 
     # ------------------------------------------------------------- operations
-    def append(self, token_lists: dict[int, list[int]]) -> None:
+    def append(self, token_lists: dict[int, TokenIds]) -> None:
         """Appends tokens to slots: `{slot: tokens}`; the last token becomes pending.
 
         A slot without a sequence starts one (prefill); otherwise its pending token is

@@ -212,22 +212,29 @@ class RolloutContext:
         return list(np.asarray(_fold_in3(self._root, *cols, impl=self._impl))[:n])
 
     def pick(self, state: TreeState, round_idx: int) -> list[tuple[Node, int]]:
-        """Round `round_idx`'s N picks of `state`'s tree: (node to branch from, branch number).
+        """Round `round_idx`'s picks of `state`'s tree (`pick_branches` under this rollout's key)."""
+        return pick_branches(self.search, self._key_words, state, round_idx)
 
-        With replacement over the root and the non-leaf nodes, weighed by the branching rule
-        (`branching.py`; uniform by default), from a generator seeded by the rollout key, the
-        prompt, the tree and the round: a different run seed expands different nodes, and a
-        tree picks the same alone, in any batch, on any host.
-        """
-        candidates = state.tree.expandable()
-        rng = np.random.default_rng([*self._key_words, state.uid, state.tree.tree_id, round_idx])
-        weights = branching.pick_weights(state.tree, candidates, self.search)
-        if weights is None:  # the paper's rule, drawn as it always was
-            chosen = rng.integers(0, len(candidates), self.search.num_picks)
-        else:
-            chosen = rng.choice(len(candidates), size=self.search.num_picks, replace=True, p=weights)
-        first = 1 + round_idx * self.search.num_picks
-        return [(candidates[j], first + i) for i, j in enumerate(chosen)]
+
+def pick_branches(
+    search: TreeSearchConfig, key_words: Sequence[int], state: TreeState, round_idx: int
+) -> list[tuple[Node, int]]:
+    """Round `round_idx`'s N picks of `state`'s tree: (node to branch from, branch number).
+
+    With replacement over the root and the non-leaf nodes, weighed by the branching rule
+    (`branching.py`; uniform by default), from a generator seeded by the rollout key's words,
+    the prompt, the tree and the round: a different run seed expands different nodes, and a
+    tree picks the same alone, in any batch, on any host.
+    """
+    candidates = state.tree.expandable()
+    rng = np.random.default_rng([*key_words, state.uid, state.tree.tree_id, round_idx])
+    weights = branching.pick_weights(state.tree, candidates, search)
+    if weights is None:  # the paper's rule, drawn as it always was
+        chosen = rng.integers(0, len(candidates), search.num_picks)
+    else:
+        chosen = rng.choice(len(candidates), size=search.num_picks, replace=True, p=weights)
+    first = 1 + round_idx * search.num_picks
+    return [(candidates[j], first + i) for i, j in enumerate(chosen)]
 
 
 @functools.partial(jax.jit, static_argnames="impl")
