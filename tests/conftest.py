@@ -25,39 +25,36 @@ if os.environ.get("TREEGRPO_TYPECHECK", "1") != "0":
         list(CHECKED_PACKAGES), "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))"
     )
 
-# XLA:CPU maps ~6 memory regions per compiled executable it keeps (measured: +2,487 entries in
-# /proc/self/maps for 400 small jitted programs, +79 after `jax.clear_caches()`), and a process may
-# hold `vm.max_map_count` of them (65,530 here). One pytest process of the whole suite keeps
-# thousands of executables alive in jit caches, and an mmap that fails then crashes LLVM inside
-# `backend_compile_and_load` (issue 29's segfault). So after a test module, when the map count is
-# past a fraction of the limit, the compiled programs are released (later calls recompile).
+# XLA:CPU keeps ~6 memory mappings per compiled executable, and a process may hold
+# `vm.max_map_count` of them (65,530 here); compiling past that aborts the process inside LLVM
+# (issue 29's crash, reproduced in tests/train/test_process_stats.py). One pytest process of the
+# whole suite compiles thousands of programs, so after each test module the compiled programs are
+# released once the mappings pass a fraction of the limit (later calls recompile) — the guard
+# the trainer runs after every RL step.
 _MAP_FRACTION = float(os.environ.get("TREEGRPO_TEST_MAP_FRACTION", "0.4"))
-
-
-def _map_count() -> int:
-    with open("/proc/self/maps") as f:
-        return sum(1 for _ in f)
-
-
-def _map_limit() -> int:
-    with open("/proc/sys/vm/max_map_count") as f:
-        return int(f.read())
-
-
 _MAPS = {"peak": 0, "releases": 0, "after_release": []}  # for the run's summary line
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     yield
-    if not os.path.exists("/proc/sys/vm/max_map_count"):
+    if "jax" not in sys.modules:
         return
-    count = _map_count()
+    from treegrpo_jax.train import process_stats
+
+    count = process_stats.map_count()
+    if count is None:
+        return
     _MAPS["peak"] = max(_MAPS["peak"], count)
-    if "jax" in sys.modules and count > _MAP_FRACTION * _map_limit():
-        sys.modules["jax"].clear_caches()
+    if process_stats.release_if_near_limit(_MAP_FRACTION):
         _MAPS["releases"] += 1
-        _MAPS["after_release"].append(_map_count())
+        _MAPS["after_release"].append(process_stats.map_count())
+
+
+def _limit() -> int | None:
+    from treegrpo_jax.train import process_stats
+
+    return process_stats.map_limit()
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -65,7 +62,7 @@ def pytest_terminal_summary(terminalreporter):
     if _MAPS["peak"]:
         after = _MAPS["after_release"]
         terminalreporter.write_line(
-            f"memory mappings: peak {_MAPS['peak']} of vm.max_map_count {_map_limit()} after a module; "
+            f"memory mappings: peak {_MAPS['peak']} of vm.max_map_count {_limit()} after a module; "
             f"compiled programs released {_MAPS['releases']} times"
             + (f" (down to {min(after)}-{max(after)} mappings)" if after else "")
         )

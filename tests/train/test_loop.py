@@ -18,14 +18,10 @@ from treegrpo_jax.train.loop import train_and_evaluate
 from treegrpo_jax.train.metrics import read_metrics
 from treegrpo_jax.train.report import referenced_files
 
-# These tests send the process real SIGTERMs and run the whole pipeline six times. Late in the
-# single-process suite (700+ tests of XLA state) they crashed the interpreter inside XLA
-# (compile / executable load; 3 of 4 full runs under load, never when this file ran alone; cause
-# not found yet), so `test_loop_process.py` runs this file in a fresh process of its own.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TREEGRPO_LOOP_OWN_PROCESS") != "1",
-    reason="runs in its own process (test_loop_process.py)",
-)
+# The whole pipeline six times, with real SIGTERMs: ~40 s or more each on 2 cores. They once
+# crashed the suite's process inside XLA and ran in an interpreter of their own; the cause was
+# the mapping limit (tests/train/test_process_stats.py), which tests/conftest.py now guards.
+pytestmark = pytest.mark.slow
 
 KEYS = [
     "step",

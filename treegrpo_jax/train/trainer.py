@@ -33,7 +33,7 @@ from treegrpo_jax.rl.train_state import create_train_state
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
 from treegrpo_jax.rollout.tree_search import RolloutCancelled, rollout
-from treegrpo_jax.train import multihost, setup
+from treegrpo_jax.train import multihost, process_stats, setup
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
 from treegrpo_jax.train.compile_clock import compile_seconds
@@ -363,6 +363,8 @@ class Trainer:
         metrics["rollout/kv_peak_over_unique"] = metrics["rollout/kv_peak_tokens"] / max(
             1.0, metrics["rollout/unique_tokens"]
         )
+        # This process's memory, threads, files, mappings and programs (the primary's are logged).
+        metrics.update(process_stats.sample())
         done = RunState(state, step + 1, {"loader": self.loader.get_state()}, run.reference)
         return done, metrics, trees
 
@@ -436,6 +438,7 @@ class Trainer:
             with region("checkpoint"):
                 self.ckpt.save(done, run.state, run.extra, force=last or self.preempted.requested)
             self.profiler.after(done, run.state.params)
+            process_stats.release_if_near_limit()  # XLA:CPU's mapping limit (process_stats.py)
             if self.preempted.requested and not last:
                 self.ckpt.wait()
                 self.writer.close()
