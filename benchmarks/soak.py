@@ -186,14 +186,11 @@ def main(argv=None) -> int:
             f"{name:<20} {m['at_warmup']:>14.1f} {m['max_after']:>12.1f} {m['last']:>10.1f} "
             f"{100 * m['growth']:>8.2f}%"
         )
-    print(
-        f"target ≤ {100 * args.target:.0f}% after step {args.warmup}, no crash: {'met' if out['met'] else 'NOT met'}"
-    )
+    verdict = "met" if out["met"] else "NOT met"
+    print(f"target ≤ {100 * args.target:.0f}% after step {args.warmup}, no crash: {verdict}")
     print(f"wrote {out_path} and {png}")
     if proc.returncode != 0:
-        print(
-            f"the run failed:\n{(workdir / 'soak.log').read_text()[-3000:] if (workdir / 'soak.log').exists() else ''}"
-        )
+        print(f"the run failed:\n{log_tail(workdir, 'soak')}")
     return 0 if out["met"] else 1
 
 
