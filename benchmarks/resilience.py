@@ -13,6 +13,8 @@ proxy, all on 127.0.0.1. Parts (`--parts`, comma-separated; default all):
            server that dies (the run must stop with a saved checkpoint; the server comes back and
            the command is run again). A trial is *identical* when its final parameters equal
            the reference's bit for bit and its logged losses are the same.
+  random   20 SIGKILLs and 20 SIGTERMs at random moments of a run (`_random_kills.py`), each
+           followed by a resume that must end bit for bit like an uninterrupted run.
   chaos    (a) client level: searches through the proxy with every fault type at random;
            a fault is *survived* when the search it hit returned one result per query (retried
            or an error result), without raising; (b) a whole training run through the proxy
@@ -57,6 +59,8 @@ import urllib.parse
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _random_kills import random_kills  # noqa: E402
+
 from treegrpo_jax.data.synthetic_world import build_world  # noqa: E402
 from treegrpo_jax.env.actions import STOP_SEQUENCES  # noqa: E402
 from treegrpo_jax.env.bm25 import BM25Retriever  # noqa: E402
@@ -69,7 +73,7 @@ from treegrpo_jax.testing.preemption import TrainCommand  # noqa: E402
 from treegrpo_jax.train.config import from_config_dict  # noqa: E402
 from treegrpo_jax.train.metrics import read_metrics  # noqa: E402
 
-PARTS = ("kill", "chaos", "hostile", "streams", "inputs")
+PARTS = ("kill", "random", "chaos", "hostile", "streams", "inputs")
 CONFIG = "configs/resilience.py:http"
 
 
@@ -418,6 +422,9 @@ def inputs(tmp: pathlib.Path, server_url: str) -> dict:
 def _table(out: dict) -> str:
     rows = [
         ("kill/resume trials identical", "kill_resume_identical", "kill_resume_trials"),
+        ("random SIGKILLs resumed bit-exact", "random_sigkill_identical", "random_sigkill_trials"),
+        ("random SIGTERMs: exit ≤ 30 s, step saved", "random_sigterm_exit_ok", "random_sigterm_trials"),
+        ("random SIGTERMs resumed bit-exact", "random_sigterm_identical", "random_sigterm_trials"),
         ("retriever faults survived", "retriever_faults_survived", "retriever_faults_injected"),
         ("training run under chaos completed", "run_completed", None),
         ("hostile outputs without a crash", None, "hostile_outputs_tried"),
@@ -446,6 +453,9 @@ def main() -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
     parser.add_argument("--searches", type=int, default=60, help="client-level chaos searches")
     parser.add_argument("--streams", type=int, default=10_000, help="hostile streams (agent steps) at least")
+    parser.add_argument("--kills", type=int, default=20, help="random-moment SIGKILL trials")
+    parser.add_argument("--terms", type=int, default=20, help="random-moment SIGTERM trials")
+    parser.add_argument("--seed", type=int, default=0, help="draws the random moments")
     parser.add_argument("--tmp", default="", help="work directory (default: a fresh temporary one)")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
@@ -465,6 +475,8 @@ def main() -> None:
             try:
                 if part == "kill":
                     out.update(kill_resume(tmp, url))
+                elif part == "random":
+                    out.update(random_kills(tmp, kills=args.kills, terms=args.terms, seed=args.seed))
                 elif part == "chaos":
                     out.update(chaos(tmp, url, corpus, args.searches))
                 elif part == "hostile":
