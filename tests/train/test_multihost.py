@@ -109,3 +109,41 @@ def test_checkpoint_written_once_with_the_same_params(runs):
     # kernels). A missing or doubled host gradient would move entries by ~lr = 1e-4.
     for a, b in zip(params(one), params(two), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_sigterm_to_one_process_stops_the_whole_job_and_it_resumes(tmp_path):
+    """Preemption often reaches one host first (or only): that process's SIGTERM must stop every
+    process of the job at the same point — within 60 s, exit 0, the newest checkpoint readable —
+    and no process may be left waiting in a collective. Then the same two commands resume."""
+    import signal
+    import time
+
+    from treegrpo_jax.testing import preemption
+
+    workdir = tmp_path / "job"
+    port = portpicker.pick_unused_port()
+    procs = [_launch(workdir, 0, 2, port), _launch(workdir, 1, 2, port)]
+    try:
+        # After the cold start's checkpoint: the signal lands in step 1 (rollout or update).
+        deadline = time.monotonic() + 600
+        while not (workdir / "checkpoints" / "0").is_dir():
+            assert all(p.poll() is None for p in procs), [p.communicate()[0][-3000:] for p in procs]
+            assert time.monotonic() < deadline, "checkpoint 0 never appeared"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        procs[1].send_signal(signal.SIGTERM)  # one process only
+        outs = [p.communicate(timeout=60)[0] for p in procs]  # TimeoutExpired = a hung process
+        exit_s = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+    assert exit_s <= 60
+    assert "SIGTERM:" in outs[1] and "SIGTERM on another process of the job" in outs[0], outs[0][-2000:]
+    assert preemption.final_params(workdir)  # the newest committed step reads back
+    port = portpicker.pick_unused_port()
+    procs = [_launch(workdir, 0, 2, port), _launch(workdir, 1, 2, port)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+    assert (workdir / "final_eval.json").is_file() and (workdir / "checkpoints" / "2").is_dir()

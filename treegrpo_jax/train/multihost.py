@@ -15,6 +15,9 @@ process to take part). Everything else follows from that:
   reduced from sums and counts, so it equals a one-process evaluation of the same rows.
 - `primary_first`: files derived once per run (synthetic world, trained tokenizer) are
   written by process 0 while the others wait, then read by all.
+- `any_process`: a stop decision (SIGTERM reaches one process of a preempted job, or only
+  some) taken by all processes together at the same point, so none is left waiting in a
+  collective that the others have left.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from treegrpo_jax.rl.layouts import batch_from_trees
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.tree import Tree
+from treegrpo_jax.rollout.tree_search import RolloutCancelled
 from treegrpo_jax.train.evaluate import em_by_source, evaluate
 
 
@@ -55,6 +59,14 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
         )
     else:
         jax.distributed.initialize()
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process when `flag` is true on any. A collective: every process must call
+    it at the same point of the run (once per SFT step, after each rollout, at each step's end)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
 
 
 @contextlib.contextmanager
@@ -162,7 +174,13 @@ def evaluate_sharded(
     if n == 1:
         return evaluate(engine, env, rows, agent, seed=seed, **kw)
     mine = list(rows[p::n])
-    metrics, trees = evaluate(engine, env, mine, agent, seed=seed, **kw)
+    try:
+        metrics, trees = evaluate(engine, env, mine, agent, seed=seed, **kw)
+        cancelled = False
+    except RolloutCancelled:
+        cancelled = True
+    if any_process(cancelled):  # a SIGTERM on any process stops every process's evaluation
+        raise RolloutCancelled("evaluation stopped: a process of the job received SIGTERM")
     sources = sorted({r.data_source for r in rows})
     per_source = em_by_source(mine, trees)
     k = len(mine)

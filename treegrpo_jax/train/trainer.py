@@ -72,8 +72,16 @@ class _Preempted:
         return self.requested
 
     def exit(self, what: str) -> None:
-        tqdm.tqdm.write(f"SIGTERM: {what}; exiting {time.perf_counter() - self.at:.1f} s after the signal")
+        if self.requested:
+            after = time.perf_counter() - self.at
+            tqdm.tqdm.write(f"SIGTERM: {what}; exiting {after:.1f} s after the signal")
+        else:  # stopping with the job: another process received the signal (multihost.any_process)
+            tqdm.tqdm.write(f"SIGTERM on another process of the job: {what}; exiting")
         raise SystemExit(0)
+
+    def agreed(self) -> bool:
+        """Whether any process of the job received SIGTERM (a collective: see `any_process`)."""
+        return multihost.any_process(self.requested)
 
 
 @dataclasses.dataclass
@@ -259,7 +267,8 @@ class Trainer:
                         length_buckets=cfg.layout.length_buckets,
                         seed=cfg.run.seed,
                         on_metrics=lambda s, m: None,
-                        should_stop=self.preempted,
+                        # Polled once per SFT step on every process: the stop is taken together.
+                        should_stop=self.preempted.agreed,
                         sources=setup.demonstration_sources(cfg, self.data, self.retriever),
                     )
                 except ColdStartCancelled as e:
@@ -329,9 +338,14 @@ class Trainer:
                     should_stop=self.preempted,
                     progress=leaf_bar,
                 )
+            cancelled = False
         except RetrieverUnavailableError as e:
             self._stop_for_outage(e, before)
         except RolloutCancelled:
+            cancelled = True
+        # Every process decides here together: one process's SIGTERM stops the step everywhere
+        # (the others' finished rollouts are dropped), so no process waits in the update alone.
+        if self.preempted.agreed() or cancelled:
             self._stop_for_sigterm(before)
         t1 = time.perf_counter()
         with region("batch"):
@@ -435,11 +449,12 @@ class Trainer:
                 if self.primary:
                     plot_metrics(os.path.join(self.workdir, "metrics.jsonl"), self.plots_dir)
                     write_index(self.workdir, cfg)
+            stop = self.preempted.agreed()  # a SIGTERM on any process, taken by all together
             with region("checkpoint"):
-                self.ckpt.save(done, run.state, run.extra, force=last or self.preempted.requested)
+                self.ckpt.save(done, run.state, run.extra, force=last or stop)
             self.profiler.after(done, run.state.params)
             process_stats.release_if_near_limit()  # XLA:CPU's mapping limit (process_stats.py)
-            if self.preempted.requested and not last:
+            if stop and not last:
                 self.ckpt.wait()
                 self.writer.close()
                 self.preempted.exit(f"saved step {done}; re-run the same command to resume")
