@@ -12,6 +12,15 @@ from typing import TypeVar
 E = TypeVar("E", bound=enum.Enum)
 
 
+def checks_itself(cls: type) -> type:
+    """Marks a config dataclass whose `__post_init__` checks every field's type and range with
+    a message naming the key: the tests' run-time type checker (jaxtyping + beartype, see
+    tests/conftest.py) leaves its constructor alone instead of pre-empting those messages with
+    its own (`__no_type_check__`, PEP 484; the class's methods are still checked)."""
+    cls.__no_type_check__ = True
+    return cls
+
+
 def as_enum(cls: type[E], value, name: str) -> E:
     """`cls(value)`, or `ValueError("<name>=<value>; allowed: [...]")`."""
     try:

@@ -199,10 +199,14 @@ _CHILD = textwrap.dedent(
 
 def toy_state(value: float) -> TrainState:
     """A TrainState-shaped pytree without a model (cheap to build in a child process)."""
-    params = {"w": jnp.full((4, 8), value), "b": jnp.full((8,), -value)}
+    params = nnx.State({"w": jnp.full((4, 8), value), "b": jnp.full((8,), -value)})
     opt = (jnp.int32(3), {"mu": jax.tree.map(jnp.zeros_like, params)})
     step, skipped = jnp.int32(value), jnp.int32(0)
-    return TrainState(graphdef=None, params=params, opt_state=opt, step=step, skipped=skipped)
+    return TrainState(graphdef=_TOY_GRAPHDEF, params=params, opt_state=opt, step=step, skipped=skipped)
+
+
+# Static metadata only (checkpoints never merge it with the params): any module's structure.
+_TOY_GRAPHDEF = nnx.graphdef(nnx.Linear(1, 1, rngs=nnx.Rngs(0)))
 
 
 def test_save_killed_before_commit_keeps_the_last_good_step(tmp_path):

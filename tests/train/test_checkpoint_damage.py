@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from flax import nnx
 
 from tests.train.test_checkpoint import _assert_identical, _host, toy_state
 from treegrpo_jax.train.checkpoint import (
@@ -104,7 +105,7 @@ def test_every_step_damaged_is_an_error_and_nothing_moves(tmp_path):
 def test_a_mismatch_is_not_damage(tmp_path):
     _saved(tmp_path, steps=(1,))
     other = toy_state(0.0)
-    other = other.replace(params={"w": other.params["w"][:, :4], "b": other.params["b"]})
+    other = other.replace(params=nnx.State({"w": other.params["w"][:, :4], "b": other.params["b"]}))
     with Checkpointer(tmp_path) as ckpt:
         with pytest.raises(CheckpointMismatchError, match="params/w has shape"):
             ckpt.restore_latest_good(abstract_state=other)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -98,7 +99,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_ids: Sequence[int] = ()  # any sequence (a JSON list); stored as a tuple
     remat: Remat | str = Remat.NONE  # a name is parsed in __post_init__
 
     def __post_init__(self):

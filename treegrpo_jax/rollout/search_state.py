@@ -35,12 +35,14 @@ from treegrpo_jax.rollout import branching
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv, LoopCounters, PhaseTimes, Trajectory
 from treegrpo_jax.rollout.engine import Engine, EngineStats, OutOfSlotsError
 from treegrpo_jax.rollout.tree import Node, StepKind, Tree
+from treegrpo_jax.validation import checks_itself
 
 
 class RolloutCancelled(RuntimeError):
     """`should_stop` asked the rollout to stop (SIGTERM): nothing of it is kept."""
 
 
+@checks_itself
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TreeSearchConfig:
     """Tree shape (leaves per prompt G = M·(1+N·L)) and where branches start (`branching.py`)."""

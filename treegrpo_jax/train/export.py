@@ -78,12 +78,18 @@ def load_model_config(workdir: str | pathlib.Path) -> ModelConfig:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {workdir} a training run's workdir?")
     fields = json.loads(path.read_text())
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    required = {f.name for f in dataclasses.fields(ModelConfig) if f.default is dataclasses.MISSING}
+    required -= {"rope_scaling"}  # has a default factory
+    unknown, missing = sorted(set(fields) - known), sorted(required - set(fields))
+    if unknown or missing:
+        raise ValueError(
+            f"{path}: not a ModelConfig of this version: unknown fields {unknown}, missing fields {missing}"
+        )
     try:
         fields["rope_scaling"] = RopeScaling(**fields.get("rope_scaling", {}))
         return ModelConfig(**fields)
-    except TypeError as e:  # unknown or missing field names
-        raise ValueError(f"{path}: not a ModelConfig of this version: {e}") from None
-    except ValueError as e:
+    except (TypeError, ValueError) as e:  # a field of the wrong type or value
         raise ValueError(f"{path}: {e}") from None
 
 
