@@ -25,8 +25,9 @@ from typing import Any
 from ml_collections import ConfigDict
 
 CONFIG_FILE = "config.json"
-# Keys a resumed run may change without `run.allow_config_change`: a process's own identity.
-_PER_PROCESS_KEYS = ("run.process_id", "run.allow_config_change")
+# Keys a resumed run may change without `run.allow_config_change`: a process's own identity, and
+# where the job's coordinator listens (a restarted job often gets another host or port).
+_PER_PROCESS_KEYS = ("run.process_id", "run.coordinator_address", "run.allow_config_change")
 # Dataclass fields that are comma-separated text in a config (so `--config.data.train_files=a,b`).
 _TEXT_LISTS = ("data.train_files", "data.test_files")
 _DERIVED = {
