@@ -39,6 +39,8 @@ EXTRAS_REQUIRE = {
         "accelerate>=1.0,<2",
         "grain>=0.2.18,<0.3",
         "portpicker>=1.6,<2",
+        # Run-time shape and type checks of model/, rl/ and rollout/ in the tests (with jaxtyping).
+        "beartype>=0.23.1,<0.24",
     ],
     # Peers measured side by side in benchmarks/. Tunix 0.1.7 pins safetensors<0.8, which conflicts
     # with ours, so `make bench-install` adds it without its dependency pins (its sampler runs fine).

@@ -15,6 +15,8 @@ proxy, all on 127.0.0.1. Parts (`--parts`, comma-separated; default all):
            the reference's bit for bit and its logged losses are the same.
   random   20 SIGKILLs and 20 SIGTERMs at random moments of a run (`_random_kills.py`), each
            followed by a resume that must end bit for bit like an uninterrupted run.
+  multihost  SIGTERM to one process of a two-process job (`_multihost_signal.py`): every process
+           exits 0 within 60 s, the checkpoint reads back, the job resumes and finishes.
   chaos    (a) client level: searches through the proxy with every fault type at random;
            a fault is *survived* when the search it hit returned one result per query (retried
            or an error result), without raising; (b) a whole training run through the proxy
@@ -59,6 +61,7 @@ import urllib.parse
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _multihost_signal import multihost_signal  # noqa: E402
 from _random_kills import random_kills  # noqa: E402
 
 from treegrpo_jax.data.synthetic_world import build_world  # noqa: E402
@@ -73,7 +76,7 @@ from treegrpo_jax.testing.preemption import TrainCommand  # noqa: E402
 from treegrpo_jax.train.config import from_config_dict  # noqa: E402
 from treegrpo_jax.train.metrics import read_metrics  # noqa: E402
 
-PARTS = ("kill", "random", "chaos", "hostile", "streams", "inputs")
+PARTS = ("kill", "random", "multihost", "chaos", "hostile", "streams", "inputs")
 CONFIG = "configs/resilience.py:http"
 
 
@@ -425,6 +428,7 @@ def _table(out: dict) -> str:
         ("random SIGKILLs resumed bit-exact", "random_sigkill_identical", "random_sigkill_trials"),
         ("random SIGTERMs: exit ≤ 30 s, step saved", "random_sigterm_exit_ok", "random_sigterm_trials"),
         ("random SIGTERMs resumed bit-exact", "random_sigterm_identical", "random_sigterm_trials"),
+        ("SIGTERM to 1 of 2 processes: all exit", "multihost_sigterm_ok", "multihost_sigterm_trials"),
         ("retriever faults survived", "retriever_faults_survived", "retriever_faults_injected"),
         ("training run under chaos completed", "run_completed", None),
         ("hostile outputs without a crash", None, "hostile_outputs_tried"),
@@ -456,6 +460,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20, help="random-moment SIGKILL trials")
     parser.add_argument("--terms", type=int, default=20, help="random-moment SIGTERM trials")
     parser.add_argument("--seed", type=int, default=0, help="draws the random moments")
+    parser.add_argument("--multihost_trials", type=int, default=4, help="two-process SIGTERM trials")
     parser.add_argument("--tmp", default="", help="work directory (default: a fresh temporary one)")
     args = parser.parse_args()
     parts = [p for p in args.parts.split(",") if p]
@@ -477,6 +482,8 @@ def main() -> None:
                     out.update(kill_resume(tmp, url))
                 elif part == "random":
                     out.update(random_kills(tmp, kills=args.kills, terms=args.terms, seed=args.seed))
+                elif part == "multihost":
+                    out.update(multihost_signal(tmp, trials=args.multihost_trials))
                 elif part == "chaos":
                     out.update(chaos(tmp, url, corpus, args.searches))
                 elif part == "hostile":
