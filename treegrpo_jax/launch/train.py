@@ -8,6 +8,8 @@ Re-running the same command resumes from the latest checkpoint in --workdir; so 
 """
 
 import logging
+import os
+import signal
 import sys
 
 from absl import app, flags
@@ -32,6 +34,9 @@ def main(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)
     try:
         train_and_evaluate(cli.train_config(_CONFIG.value, _WORKDIR.value), _WORKDIR.value)
+        # Done and saved: a SIGTERM while the interpreter winds down (JAX's and Orbax's atexit
+        # work) must not turn a finished run into a killed one (exit -15) for the job's supervisor.
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     except (ConfigChangedError, CheckpointMismatchError, CheckpointWriteError, DamagedCheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
