@@ -146,6 +146,8 @@ def random_kills(tmp: pathlib.Path, *, kills: int, terms: int, seed: int) -> dic
     rng = random.Random(seed)
     plan: list[tuple[str, object, str]] = []
     for kind, n in (("SIGKILL", kills), ("SIGTERM", terms)):
+        if n == 0:
+            continue
         # Two aimed trials each (a checkpoint write, an evaluation); the rest uniform in time.
         plan.append((kind, preemption.checkpoint_being_written(2), "aimed: checkpoint write"))
         plan.append((kind, None, "aimed: evaluation"))
