@@ -169,6 +169,7 @@ def random_kills(tmp: pathlib.Path, *, kills: int, terms: int, seed: int) -> dic
     sigkill = [d for d in details if d["signal"] == "SIGKILL"]
     sigterm = [d for d in details if d["signal"] == "SIGTERM"]
     return {
+        "random_config": CONFIG,  # in-process BM25 (the `kill` part's CONFIG uses the HTTP proxy)
         "random_reference_s": round(cold_s, 1),
         "random_warm_run_s": round(warm_s, 1),
         "random_warm_run_identical": warm_identical,
