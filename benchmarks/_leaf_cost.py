@@ -83,7 +83,17 @@ def _small_decode(bc) -> dict:
     ms = _roofline._time_cases(model, [case], steps=_roofline.STEPS, pool_len=_roofline.POOL_LEN,
                                repeats=bc.repeats)[case]  # fmt: skip
     ceilings = _roofline._ceilings(before, _roofline.read_bandwidth_gbps(), gflops)
-    return _roofline._row(cfg, case, ms, ceilings, _roofline.STEPS) | {"ceilings": ceilings}
+    row = _roofline._row(cfg, case, ms, ceilings, _roofline.STEPS)
+    # The step's own GEMMs alone (128 rows × 128-wide weights), best of several: the compute
+    # floor at these shapes, which the 1024³ rate above overstates several times.
+    shaped, flops = _roofline.step_matmul_ms(cfg, batch=case.batch)
+    return row | {
+        "ceilings": ceilings,
+        "step_matmul_ms": shaped,
+        "step_matmul_gflops": flops / shaped / 1e6,
+        "fraction_of_step_matmuls": shaped / ms,
+        "fraction_of_shaped_bound": (row["roofline_ms"] + shaped) / ms,
+    }
 
 
 def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
@@ -126,6 +136,7 @@ def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
         "prefill_fraction_of_rollout": get("tree", "scheduler", "fraction_append"),
         "decode_fraction_of_roofline_small_b128": small["fraction_of_roofline"],
         "decode_fraction_of_max_bound_small_b128": small["fraction_of_max_bound"],
+        "decode_fraction_of_shaped_bound_small_b128": small["fraction_of_shaped_bound"],
         "leaf_cost": {
             "policy": pol.name,
             "prompts": len(rows),
@@ -153,10 +164,12 @@ def print_leaf_cost(result: dict) -> None:
     s = r["small_decode"]
     print(f"small-dims decode step (B=128, U=256): {s['ms_per_step']:.2f} ms; memory floor "
           f"{s['roofline_ms']:.2f} ms at {s['ceilings']['best_gbps']:.1f} GB/s, matmul floor "
-          f"{s['flop_ms']:.2f} ms at {s['ceilings']['matmul_gflops']:.0f} GFLOP/s")  # fmt: skip
+          f"{s['flop_ms']:.2f} ms at {s['ceilings']['matmul_gflops']:.0f} GFLOP/s; the step's own "
+          f"matmuls alone {s['step_matmul_ms']:.2f} ms")  # fmt: skip
     for key in ("tree_vs_chain_wall_per_leaf", "tree_vs_chain_decoded_per_leaf",
                 "scheduler_speedup_vs_lockstep", "chain_scheduler_speedup_vs_lockstep",
                 "tree_leaves_per_s", "chain_leaves_per_s",
                 "prefill_fraction_of_rollout", "decode_fraction_of_roofline_small_b128",
-                "decode_fraction_of_max_bound_small_b128"):  # fmt: skip
+                "decode_fraction_of_max_bound_small_b128",
+                "decode_fraction_of_shaped_bound_small_b128"):  # fmt: skip
         print(f"{key}: {result[key]:.3f}")

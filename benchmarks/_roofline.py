@@ -130,6 +130,49 @@ def matmul_gflops(n: int = 1024, repeats: int = 7, dtype=jnp.float32) -> float:
     return 2 * n**3 / best / 1e9
 
 
+def step_matmul_ms(
+    cfg: ModelConfig, *, batch: int, steps: int = STEPS, repeats: int = 7
+) -> tuple[float, float]:
+    """(best ms per step, FLOPs per step) of the decode step's weight matmuls alone, at its shapes.
+
+    `batch` rows through every layer's q/k/v/o, gate/up/down and the LM head, `steps` times in one
+    jitted scan (as a decode call runs them), each step's hidden state depending on the last. No
+    attention, norms or sampling: what this CPU's GEMMs cost at B×E, E×(H·D), ... — a ceiling at
+    the decode's shapes, where a 1024³ GEMM's rate is out of reach for 128-wide operands.
+    """
+    e, m, v = cfg.embed_dim, cfg.mlp_dim, cfg.vocab_size
+    hd, kd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = [(e, hd), (e, kd), (e, kd), (hd, e), (e, m), (e, m), (m, e)]
+    key = jax.random.key(0)
+    ws = [
+        [
+            jax.random.normal(jax.random.fold_in(key, 10 * layer + i), s, jnp.float32) / np.sqrt(s[0])
+            for i, s in enumerate(shapes)
+        ]  # fmt: skip
+        for layer in range(cfg.num_layers)
+    ]
+    head = jax.random.normal(jax.random.fold_in(key, 999), (v, e), jnp.float32) / np.sqrt(e)
+
+    def one(h, _):
+        for wq, wk, wv, wo, wg, wu, wd in ws:
+            q, k, val = h @ wq, h @ wk, h @ wv
+            h = h + (q + jnp.tile(k + val, hd // kd)) @ wo  # keeps k and v live
+            h = h + (jax.nn.silu(h @ wg) * (h @ wu)) @ wd
+        logits = h @ head.T
+        return h + 1e-3 * logits[:, :e], None
+
+    flops = 2 * batch * (cfg.num_layers * sum(a * b for a, b in shapes) + v * e)
+    run = jax.jit(lambda h: jax.lax.scan(one, h, None, length=steps)[0])
+    h0 = jnp.ones((batch, e), jnp.float32)
+    run(h0).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(h0).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best / steps, flops
+
+
 def _ceilings(before: dict, after: dict, gflops: float) -> dict:
     return {"before": before, "after": after, "best_gbps": max(before["best_gbps"], after["best_gbps"]),
             "matmul_gflops": gflops}  # fmt: skip

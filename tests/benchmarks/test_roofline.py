@@ -41,3 +41,11 @@ def test_a_case_decodes_every_step_and_its_row_is_consistent(impl):
     assert row["fraction_of_roofline"] == pytest.approx(row["roofline_ms"] / row["ms_per_step"])
     assert row["flop_ms"] == pytest.approx(1e3 * 2 * CFG.num_params * 4 / 100e9)
     assert row["tokens_per_s"] == pytest.approx(4 / (row["ms_per_step"] / 1e3))
+
+
+def test_step_matmuls_are_the_models_weight_matmuls():
+    tied = CFG.replace(tie_embeddings=True)
+    ms, flops = _roofline.step_matmul_ms(tied, batch=3, steps=2, repeats=1)
+    norms = tied.num_layers * 2 * tied.embed_dim + tied.embed_dim  # RMSNorm scales: no matmul
+    assert flops == 2 * 3 * (tied.num_params - norms)  # every weight once per row (head = embedding)
+    assert ms > 0

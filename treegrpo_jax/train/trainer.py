@@ -29,6 +29,7 @@ from treegrpo_jax.data.loader import LoaderConfig, RowLoader
 from treegrpo_jax.env.retrieval import RetrieverUnavailableError
 from treegrpo_jax.parallel.mesh import make_mesh
 from treegrpo_jax.rl.batch import LayoutKind
+from treegrpo_jax.rl.packed import PackedBatch
 from treegrpo_jax.rl.train_state import create_train_state
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
@@ -356,6 +357,9 @@ class Trainer:
             self.engine.set_params(multihost.local_params(state.params))
             metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
         host = leaf_metrics(trees, "train")  # every host has as many leaves: means of means are exact
+        # What the update computes over: token slots of the padded batch and the real tokens in
+        # them (packed trees: unique tokens; paths: every path's) — their ratio is the padding.
+        host["batch/slots"], host["batch/tokens"] = _batch_fill(batch)
         host.update({f"rollout/{k}": float(v) for k, v in rstats.as_dict().items()})
         t2 = time.perf_counter()
         host["time/rollout_s"], host["time/update_s"], host["time/step_s"] = t1 - t0, t2 - t1, t2 - t0
@@ -459,6 +463,12 @@ class Trainer:
                 self.writer.close()
                 self.preempted.exit(f"saved step {done}; re-run the same command to resume")
         return final_eval
+
+
+def _batch_fill(batch) -> tuple[float, float]:
+    """(token slots, real tokens) of the step's global batch: the same on every process."""
+    real = batch.segment > 0 if isinstance(batch, PackedBatch) else batch.valid
+    return float(batch.tokens.size), float(jnp.sum(real))
 
 
 def _is_mean(key: str) -> bool:
