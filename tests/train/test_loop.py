@@ -49,6 +49,14 @@ def test_run_writes_metrics_plots_checkpoints(uninterrupted):
         assert all(key in r for r in train_rows), key
     evals = [r for r in rows if "eval/em" in r]
     assert [r["step"] for r in evals] == [0, 3]  # after the cold start, and at the end
+    for r in evals:  # every evaluation classifies its answers: shares of the questions, EM among them
+        shares = {k: v for k, v in r.items() if k.startswith("eval/outcome/")}
+        assert sum(shares.values()) == pytest.approx(1.0)
+        assert shares["eval/outcome/correct"] == pytest.approx(r["eval/em"])
+        with open(os.path.join(workdir, f"eval_step{r['step']}_breakdown.json")) as f:
+            assert json.load(f)["questions"] == toy_config().data.eval_prompts
+    # Train-batch fill: real tokens never exceed the padded slots the update computed over.
+    assert all(0 < r["batch/tokens"] <= r["batch/slots"] for r in train_rows)
     assert 0.0 <= final["eval/em"] <= 1.0
     assert os.path.isfile(os.path.join(workdir, "plots", "overview.png"))
     assert any(p.startswith("eval_trees_step") for p in os.listdir(os.path.join(workdir, "plots")))

@@ -13,21 +13,32 @@ For a question with a gold search path (the synthetic world) the classes are, in
   wrong_search         enough searches, but not every gold query was searched (a bridge misread).
   not_shown_other      every gold query searched, the answer still not shown (retrieval).
 
-Rows without a gold path get `correct` / `wrong` / `no_answer` only. Used by
-`launch/eval.py --breakdown` and `benchmarks/em_breakdown.py`.
+Rows without a gold path get `correct` / `wrong` / `no_answer` only. The trainer writes one at
+every evaluation (`write_breakdown`: `WORKDIR/eval_step<N>_breakdown.json` and `eval/outcome/*`
+metrics); `launch/eval.py --breakdown` does the same for any checkpoint.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import os
 from collections.abc import Callable, Sequence
 
 from treegrpo_jax.data.rows import QARow
 from treegrpo_jax.env.rewards import normalize_answer
 from treegrpo_jax.rollout.tree import Tree
 
-__all__ = ["CLASSES", "QuestionOutcome", "breakdown", "classify", "format_breakdown"]
+__all__ = [
+    "CLASSES",
+    "QuestionOutcome",
+    "breakdown",
+    "classify",
+    "format_breakdown",
+    "outcome_metrics",
+    "write_breakdown",
+]
 
 CLASSES = (
     "correct",
@@ -154,3 +165,27 @@ def format_breakdown(b: dict) -> str:
     for key, row in b["by_hops_and_answer_kind"].items():
         lines.append(f"{key:<24} {row['questions']:>9} {100 * row['em']:>6.1f}%")
     return "\n".join(lines)
+
+
+def write_breakdown(
+    workdir: str,
+    step: int,
+    rows: Sequence[QARow],
+    trees: Sequence[Tree],
+    decode: Callable[[Sequence[int]], str],
+) -> dict:
+    """Classifies each evaluated question, writes `workdir/eval_step<step>_breakdown.json` (the tables
+    and one record per question) and returns the tables."""
+    outcomes = [classify(r, t, decode) for r, t in zip(rows, trees, strict=True)]
+    tables = breakdown(outcomes)
+    path = os.path.join(workdir, f"eval_step{step}_breakdown.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({**tables, "questions_detail": [dataclasses.asdict(o) for o in outcomes]}, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return tables
+
+
+def outcome_metrics(tables: dict, prefix: str = "eval/outcome") -> dict[str, float]:
+    """Each class's share of the questions, as metrics (`eval/outcome/stopped_early`, ...)."""
+    n = max(tables["questions"], 1)
+    return {f"{prefix}/{c}": k / n for c, k in tables["classes"].items()}

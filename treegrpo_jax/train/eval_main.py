@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -12,7 +11,7 @@ from flax import nnx
 from treegrpo_jax.model.build import abstract_model, param_shardings
 from treegrpo_jax.parallel.mesh import make_mesh
 from treegrpo_jax.train import setup
-from treegrpo_jax.train.breakdown import breakdown, classify, format_breakdown
+from treegrpo_jax.train.breakdown import format_breakdown, write_breakdown
 from treegrpo_jax.train.checkpoint import Checkpointer
 from treegrpo_jax.train.config import TrainConfig
 from treegrpo_jax.train.evaluate import evaluate, format_table
@@ -65,11 +64,7 @@ def evaluate_checkpoint(
     with open(os.path.join(workdir, f"eval_step{step}.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     if with_breakdown:
-        outcomes = [classify(r, t, tokenizer.decode) for r, t in zip(rows, trees, strict=True)]
-        tables = breakdown(outcomes)
+        tables = write_breakdown(workdir, step, rows, trees, tokenizer.decode)
         print(format_breakdown(tables))
-        path = os.path.join(workdir, f"eval_step{step}_breakdown.json")
-        with open(path, "w") as f:
-            json.dump({**tables, "questions_detail": [dataclasses.asdict(o) for o in outcomes]}, f, indent=1)
-        print(f"breakdown: {path}")
+        print(f"breakdown: {os.path.join(workdir, f'eval_step{step}_breakdown.json')}")
     return metrics

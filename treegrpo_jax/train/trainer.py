@@ -35,6 +35,7 @@ from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
 from treegrpo_jax.rollout.tree_search import RolloutCancelled, rollout
 from treegrpo_jax.train import multihost, process_stats, setup
+from treegrpo_jax.train.breakdown import outcome_metrics, write_breakdown
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
 from treegrpo_jax.train.compile_clock import compile_seconds
@@ -208,6 +209,10 @@ class Trainer:
                 should_stop=self.preempted,
                 progress=bar,
             )
+        if jax.process_count() == 1:  # (several processes: each holds only its own questions' trees)
+            # Why each answer was right or wrong (stopped early, misread, ...), at every evaluation.
+            tables = write_breakdown(self.workdir, step, self.test_rows, trees, self.tokenizer.decode)
+            metrics.update(outcome_metrics(tables))
         self.writer.write(step, metrics)
         if self.primary and cfg.run.render_trees:
             path = os.path.join(self.plots_dir, f"eval_trees_step{step:05d}.png")
