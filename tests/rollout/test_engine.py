@@ -221,3 +221,18 @@ def test_bf16_kv_cache_is_close_to_f32_and_a_bad_dtype_is_refused(model):
     np.testing.assert_allclose(out["bfloat16"].logprobs, out["float32"].logprobs, atol=2e-2)
     with pytest.raises(ValueError, match="kv_dtype='float16'; allowed: float32, bfloat16"):
         Engine(model, num_slots=1, max_len=8, kv_dtype="float16")
+
+
+def test_host_arrays_reach_the_device_without_a_compile():
+    """What the engine sends per call (rows, token counts, page tables) is a transfer."""
+    from treegrpo_jax.rollout.engine import _device, _pad_rows
+    from treegrpo_jax.train.compile_clock import compile_count
+
+    _device(np.zeros(1, np.int64), np.int32)
+    before = compile_count()
+    for n in range(2, 30):
+        x = _device(np.arange(n, dtype=np.int64), np.int32)
+        y = _pad_rows(np.arange(n, dtype=np.float32), 3)
+        got = np.asarray(y)  # (indexing the device array would compile a gather per shape)
+        assert x.dtype == np.int32 and got.shape == (n + 3,) and got[-1] == 0.0 and got[n - 1] == n - 1
+    assert compile_count() == before

@@ -147,3 +147,17 @@ def test_sampling_matches_the_categorical_distribution(kernels):
         want = _golden(row, temperature, top_k, top_p)
         np.testing.assert_allclose(freq, want, atol=0.015)
         assert np.all(freq[want == 0] == 0)  # never outside the filtered support
+
+
+def test_making_params_for_a_new_row_count_compiles_nothing():
+    """A rollout makes params for every row count its calls see: a transfer each, not a program
+    (`jnp.asarray` of a NumPy array compiled a copy program per new shape, ~17 ms apiece)."""
+    from treegrpo_jax.train.compile_clock import compile_count
+
+    SamplingParams.make(2, temperature=0.7)
+    before = compile_count()
+    made = [SamplingParams.make(n, temperature=[0.0] * (n - 1) + [0.7], top_k=3) for n in range(3, 40)]
+    assert compile_count() == before
+    last = made[-1]
+    assert last.temperature.shape == (39,) and bool(last.greedy[0]) and not bool(last.greedy[-1])
+    assert float(last.temperature[0]) == 1.0 and int(last.top_k[5]) == 3  # temperature 0 → greedy

@@ -47,9 +47,16 @@ from treegrpo_jax.rollout.sampling import SamplingParams, sample
 TokenIds = Sequence[int | np.integer] | Int[np.ndarray, " _n"]
 
 
+def _device(x, dtype=None) -> jax.Array:
+    """A host array on the device as a transfer: `jnp.asarray` of a NumPy array compiles a copy
+    program per new shape (~17 ms each on this CPU, jax 0.10), which per-call shapes (row counts,
+    token counts) paid again and again inside rollouts."""
+    return jax.device_put(np.asarray(x, dtype))
+
+
 def _pad_rows(x: np.ndarray, pad: int) -> jax.Array:
     """`x` with its first row repeated `pad` more times, on the device."""
-    return jnp.asarray(np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) if pad else x)
+    return _device(np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) if pad else x)
 
 
 def _row_bucket(n: int, minimum: int) -> int:
@@ -445,7 +452,7 @@ class Engine:
     def _push_pages(self) -> None:
         """The host page table to the device, when it changed."""
         if self.pool and self.pool.table_changed:
-            self.cache = dataclasses.replace(self.cache, page_table=jnp.asarray(self.pool.table))
+            self.cache = dataclasses.replace(self.cache, page_table=_device(self.pool.table))
             self.pool.table_changed = False
 
     def _rows(self, slots: list[int]) -> tuple[int, np.ndarray]:
@@ -509,9 +516,9 @@ class Engine:
             self.graphdef,
             self.state,
             self.cache,
-            jnp.asarray(tokens),
-            jnp.asarray(chunk_lens),
-            jnp.asarray(rows),
+            _device(tokens),
+            _device(chunk_lens),
+            _device(rows),
             attend_len=attend,
         )
 
@@ -543,10 +550,10 @@ class Engine:
             self.graphdef,
             self.state,
             self.cache,
-            jnp.asarray(tokens),
-            jnp.asarray(token_rows),
-            jnp.asarray(row_start),
-            jnp.asarray(rows),
+            _device(tokens),
+            _device(token_rows),
+            _device(row_start),
+            _device(rows),
         )
 
     def room(self, slot: int) -> int:
@@ -705,11 +712,11 @@ class Engine:
             dst_a[:n], len_a[:n] = dst, lengths
             self.cache = _fork_paged(
                 self.cache,
-                jnp.asarray(self.pool.table),
-                jnp.asarray(cs),
-                jnp.asarray(cd),
-                jnp.asarray(dst_a),
-                jnp.asarray(len_a),
+                _device(self.pool.table),
+                _device(cs),
+                _device(cd),
+                _device(dst_a),
+                _device(len_a),
             )
             self.pool.table_changed = False
         else:
@@ -722,7 +729,7 @@ class Engine:
             # copy moved max_len positions per branch, most of them never written.
             span = _bucket(int(lengths.max()), 64, self.max_len)
             self.cache = _fork(
-                self.cache, jnp.asarray(src_a), jnp.asarray(dst_a), jnp.asarray(len_a), span=span
+                self.cache, _device(src_a), _device(dst_a), _device(len_a), span=span
             )
         self.lengths[dst] = lengths
         self.pending[dst] = pending
@@ -745,5 +752,5 @@ class Engine:
 
     def _reset_device_lengths(self) -> None:
         """Pushes the host lengths of freed slots to the device (before they are reused)."""
-        self.cache = dataclasses.replace(self.cache, lengths=jnp.asarray(self.lengths, jnp.int32))
+        self.cache = dataclasses.replace(self.cache, lengths=_device(self.lengths, np.int32))
         self._stale_lengths = set()

@@ -34,8 +34,8 @@ class SamplingParams:
     def make(cls, num_rows: int, *, temperature=1.0, top_p=1.0, top_k=0, greedy=False) -> SamplingParams:
         """Broadcasts scalars (or per-row sequences) to arrays of `num_rows`."""
 
-        def arr(x, dtype):
-            return jnp.asarray(np.broadcast_to(np.asarray(x, dtype), (num_rows,)))
+        def arr(x, dtype):  # a transfer, not `jnp.asarray`: that compiles a program per row count
+            return jax.device_put(np.broadcast_to(np.asarray(x, dtype), (num_rows,)))
 
         if np.any(np.asarray(temperature) < 0):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
