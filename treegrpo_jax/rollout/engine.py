@@ -728,9 +728,7 @@ class Engine:
             # Copy the live prefixes only (a power-of-two bucket of the longest): a whole-slot
             # copy moved max_len positions per branch, most of them never written.
             span = _bucket(int(lengths.max()), 64, self.max_len)
-            self.cache = _fork(
-                self.cache, _device(src_a), _device(dst_a), _device(len_a), span=span
-            )
+            self.cache = _fork(self.cache, _device(src_a), _device(dst_a), _device(len_a), span=span)
         self.lengths[dst] = lengths
         self.pending[dst] = pending
         self.windows[dst] = 0
