@@ -357,9 +357,10 @@ class Scheduler:
         self.decoding = still + waiting
         if searches:
             self._submit(searches)
+        t2 = time.perf_counter()
         if forks:
-            self._fork(forks)
-        ctx.times.host += time.perf_counter() - t1
+            self._fork(forks)  # timed as `fork` (not host as well)
+        ctx.times.host += t2 - t1
 
     def _end_step(self, w: _Walk, room: int, **ending: bool) -> tuple[Node, StepEnd]:
         """Ends walk w's step (the tokens of all its quanta) as a node of its tree."""
