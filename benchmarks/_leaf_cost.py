@@ -41,8 +41,8 @@ def _cases():
         "lockstep": SchedulerConfig(driver=Driver.LOCKSTEP),
         # The early-exit knob's previous default: a call returns once half its rows ended.
         "scheduler_exit0.5": SchedulerConfig(exit_fraction=0.5),
-        # A quantum above the agent's step cap (48 tokens on :tiny): no step is split over two calls.
-        "scheduler_q64": SchedulerConfig(quantum=64),
+        # Without waiting for searches about to land (the default before `retrieval_sync`).
+        "scheduler_nosync": SchedulerConfig(retrieval_sync=0.0),
     }
     return {(shape, d): (SHAPES[shape], sched) for shape in SHAPES for d, sched in drivers.items()}
 

@@ -137,6 +137,18 @@ def test_scheduler_trees_equal_lockstep_markov_agent(
     assert {"search", "answer", "invalid"} <= kinds
 
 
+@pytest.mark.parametrize("sync", [0.0, 1.0], ids=["never-wait", "wait"])
+def test_waiting_for_searches_in_flight_grows_the_same_trees(markov, env, world, sync):
+    """`retrieval_sync` only moves a walk into an earlier call: the trees are the lock-step loop's.
+    (1.0: the in-process retriever lands within any call's time, so the wait is taken.)"""
+    search = TreeSearchConfig(num_trees=2, num_picks=2, num_rounds=1)
+    rows = list(world.train[:5])
+    cfg = SchedulerConfig(quantum=4, retrieval_sync=sync, admit_prompts=2)
+    ref = _run(markov, env, rows, search, AGENT, LOCKSTEP, slots=30, key=11)
+    _assert_same(ref, _run(markov, env, rows, search, AGENT, cfg, slots=30, key=11))
+    assert ref[1].tool_calls > 0
+
+
 @pytest.mark.parametrize("rule", ["entropy", "last"])
 def test_branching_rules_grow_the_same_trees_in_both_drivers(markov, env, world, rule):
     """A weighted rule reads the trees' recorded entropies / leaves: the scheduler, which finishes
@@ -412,6 +424,8 @@ def test_scheduler_config_errors_name_the_field():
         (dict(exit_fraction=0), "exit_fraction"),
         (dict(admit_prompts=0), "admit_prompts"),
         (dict(driver="async"), "driver"),
+        (dict(retrieval_sync=1.5), "retrieval_sync"),
+        (dict(retrieval_sync=True), "retrieval_sync"),
     ]:
         with pytest.raises(ValueError, match=field):
             SchedulerConfig(**kw)
