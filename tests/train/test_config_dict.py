@@ -287,3 +287,13 @@ def test_an_unreadable_run_config_is_a_clear_error(tmp_path):
     (tmp_path / CONFIG_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="is not a readable run config"):
         load_run_config(str(tmp_path))
+
+
+def test_a_field_added_since_the_run_was_written_is_not_a_change():
+    """A workdir written before a field existed resumes when the field is at its default; set
+    anywhere else, the field is a change like any other."""
+    old = _json(to_config_dict(_tiny_cfg()).to_dict())
+    del old["rollout"]["retrieval_sync"]  # a run from before the field
+    assert config_changes(old, to_config_dict(_tiny_cfg()).to_dict()) == []
+    changed = to_config_dict(_tiny_cfg("rollout.retrieval_sync=0.0")).to_dict()
+    assert config_changes(old, changed) == ["rollout.retrieval_sync: '(absent)' → 0.0"]

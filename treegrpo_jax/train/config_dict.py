@@ -173,12 +173,18 @@ def flat_keys(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(old: dict, new: dict) -> list[str]:
-    """`key: old → new` for every key (but a process's own) whose value differs."""
+    """`key: old → new` for every key (but a process's own) whose value differs. A key the old
+    config lacks and the new one holds at its default is a field added since the run was written
+    (e.g. `rollout.retrieval_sync`): not a change, so an older workdir still resumes."""
     a, b = flat_keys(_jsonable(old)), flat_keys(_jsonable(new))
+    defaults = flat_keys(_jsonable(default_config_dict().to_dict()))
     changes = []
     for key in sorted(set(a) | set(b)):
-        if key not in _PER_PROCESS_KEYS and a.get(key) != b.get(key):
-            changes.append(f"{key}: {a.get(key, '(absent)')!r} → {b.get(key, '(absent)')!r}")
+        if key in _PER_PROCESS_KEYS or a.get(key) == b.get(key):
+            continue
+        if key not in a and key in defaults and b[key] == defaults[key]:
+            continue
+        changes.append(f"{key}: {a.get(key, '(absent)')!r} → {b.get(key, '(absent)')!r}")
     return changes
 
 
