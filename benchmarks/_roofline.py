@@ -117,17 +117,21 @@ def _time_cases(model: Decoder, cases: list[Case], *, steps: int, pool_len: int,
     return {c: 1e3 * float(np.median(s)) / steps for c, s in seconds.items()}
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 7, dtype=jnp.float32) -> float:
-    """Best GEMM rate of this CPU now (the compute ceiling), f32 accumulation for any `dtype`."""
-    a = jnp.ones((n, n), dtype)
-    mm = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
-    mm(a).block_until_ready()
+def _best_seconds(fn, x, repeats: int) -> float:
+    """Best wall time of `fn(x)` over `repeats` calls, after one call that compiles it."""
+    fn(x).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        mm(a).block_until_ready()
+        fn(x).block_until_ready()
         best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
+    return best
+
+
+def matmul_gflops(n: int = 1024, repeats: int = 7, dtype=jnp.float32) -> float:
+    """Best GEMM rate of this CPU now (the compute ceiling), f32 accumulation for any `dtype`."""
+    mm = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
+    return 2 * n**3 / _best_seconds(mm, jnp.ones((n, n), dtype), repeats) / 1e9
 
 
 def step_matmul_ms(
@@ -163,13 +167,7 @@ def step_matmul_ms(
 
     flops = 2 * batch * (cfg.num_layers * sum(a * b for a, b in shapes) + v * e)
     run = jax.jit(lambda h: jax.lax.scan(one, h, None, length=steps)[0])
-    h0 = jnp.ones((batch, e), jnp.float32)
-    run(h0).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run(h0).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
+    best = _best_seconds(run, jnp.ones((batch, e), jnp.float32), repeats)
     return 1e3 * best / steps, flops
 
 
