@@ -13,9 +13,9 @@ For a question with a gold search path (the synthetic world) the classes are, in
   wrong_search         enough searches, but not every gold query was searched (a bridge misread).
   not_shown_other      every gold query searched, the answer still not shown (retrieval).
 
-Rows without a gold path get `correct` / `wrong` / `no_answer` only. The trainer writes one at
-every evaluation (`write_breakdown`: `WORKDIR/eval_step<N>_breakdown.json` and `eval/outcome/*`
-metrics); `launch/eval.py --breakdown` does the same for any checkpoint.
+Rows without a gold path get `correct` / `wrong` / `no_answer` only. The trainer classifies every
+evaluation (`eval/outcome/*` shares, summed over processes; `WORKDIR/eval_step<N>_breakdown.json`
+from a single-process run); `launch/eval.py --breakdown` does the same for any checkpoint.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ __all__ = [
     "breakdown",
     "classify",
     "format_breakdown",
-    "outcome_metrics",
+    "outcome_counts",
     "write_breakdown",
 ]
 
@@ -167,16 +167,9 @@ def format_breakdown(b: dict) -> str:
     return "\n".join(lines)
 
 
-def write_breakdown(
-    workdir: str,
-    step: int,
-    rows: Sequence[QARow],
-    trees: Sequence[Tree],
-    decode: Callable[[Sequence[int]], str],
-) -> dict:
-    """Classifies each evaluated question, writes `workdir/eval_step<step>_breakdown.json` (the tables
-    and one record per question) and returns the tables."""
-    outcomes = [classify(r, t, decode) for r, t in zip(rows, trees, strict=True)]
+def write_breakdown(workdir: str, step: int, outcomes: Sequence[QuestionOutcome]) -> dict:
+    """Writes `workdir/eval_step<step>_breakdown.json` (the tables and one record per question)
+    atomically and returns the tables."""
     tables = breakdown(outcomes)
     path = os.path.join(workdir, f"eval_step{step}_breakdown.json")
     with open(path + ".tmp", "w") as f:
@@ -185,7 +178,7 @@ def write_breakdown(
     return tables
 
 
-def outcome_metrics(tables: dict, prefix: str = "eval/outcome") -> dict[str, float]:
-    """Each class's share of the questions, as metrics (`eval/outcome/stopped_early`, ...)."""
-    n = max(tables["questions"], 1)
-    return {f"{prefix}/{c}": k / n for c, k in tables["classes"].items()}
+def outcome_counts(outcomes: Sequence[QuestionOutcome], prefix: str = "eval/outcome") -> dict[str, int]:
+    """How many questions fell in each class (`eval/outcome/stopped_early`, ...): counts, so that
+    processes holding different questions add them up; divide by their sum for shares."""
+    return {f"{prefix}/{c}": sum(o.outcome == c for o in outcomes) for c in CLASSES}

@@ -11,7 +11,7 @@ from flax import nnx
 from treegrpo_jax.model.build import abstract_model, param_shardings
 from treegrpo_jax.parallel.mesh import make_mesh
 from treegrpo_jax.train import setup
-from treegrpo_jax.train.breakdown import format_breakdown, write_breakdown
+from treegrpo_jax.train.breakdown import classify, format_breakdown, write_breakdown
 from treegrpo_jax.train.checkpoint import Checkpointer
 from treegrpo_jax.train.config import TrainConfig
 from treegrpo_jax.train.evaluate import evaluate, format_table
@@ -64,7 +64,8 @@ def evaluate_checkpoint(
     with open(os.path.join(workdir, f"eval_step{step}.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     if with_breakdown:
-        tables = write_breakdown(workdir, step, rows, trees, tokenizer.decode)
+        outcomes = [classify(r, t, tokenizer.decode) for r, t in zip(rows, trees, strict=True)]
+        tables = write_breakdown(workdir, step, outcomes)
         print(format_breakdown(tables))
         print(f"breakdown: {os.path.join(workdir, f'eval_step{step}_breakdown.json')}")
     return metrics

@@ -35,7 +35,7 @@ from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
 from treegrpo_jax.rollout.tree_search import RolloutCancelled, rollout
 from treegrpo_jax.train import multihost, process_stats, setup
-from treegrpo_jax.train.breakdown import outcome_metrics, write_breakdown
+from treegrpo_jax.train.breakdown import classify, outcome_counts, write_breakdown
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
 from treegrpo_jax.train.compile_clock import compile_seconds
@@ -209,10 +209,16 @@ class Trainer:
                 should_stop=self.preempted,
                 progress=bar,
             )
-        if jax.process_count() == 1:  # (several processes: each holds only its own questions' trees)
-            # Why each answer was right or wrong (stopped early, misread, ...), at every evaluation.
-            tables = write_breakdown(self.workdir, step, self.test_rows, trees, self.tokenizer.decode)
-            metrics.update(outcome_metrics(tables))
+        # Why each answer was right or wrong (stopped early, misread, ...), at every evaluation:
+        # each process classifies its own questions (rows p, p+n, ...) and the counts add up.
+        mine = self.test_rows[jax.process_index() :: jax.process_count()]
+        outcomes = [classify(r, t, self.tokenizer.decode) for r, t in zip(mine, trees, strict=True)]
+        counts = outcome_counts(outcomes)
+        summed = reduce_across_processes(counts, sum_keys=counts)
+        total = max(sum(summed.values()), 1.0)
+        metrics.update({k: v / total for k, v in summed.items()})
+        if jax.process_count() == 1:  # the per-question file: one process holds every question
+            write_breakdown(self.workdir, step, outcomes)
         self.writer.write(step, metrics)
         if self.primary and cfg.run.render_trees:
             path = os.path.join(self.plots_dir, f"eval_trees_step{step:05d}.png")
