@@ -43,6 +43,8 @@ def _cases():
         "scheduler_exit0.5": SchedulerConfig(exit_fraction=0.5),
         # Without waiting for searches about to land (the default before `retrieval_sync`).
         "scheduler_nosync": SchedulerConfig(retrieval_sync=0.0),
+        # Rows that ended ride along to the call's end (the engine before `shrink_to`).
+        "scheduler_noshrink": SchedulerConfig(),
     }
     return {(shape, d): (SHAPES[shape], sched) for shape in SHAPES for d, sched in drivers.items()}
 
@@ -108,8 +110,11 @@ def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
     engine = engine_for(pol, len(rows))
     cases = _cases()
 
+    shrink_to = engine.shrink_to
+
     def run(case, key):
         shape, sched = cases[case]
+        engine.shrink_to = 0 if case[1].endswith("noshrink") else shrink_to
         return rollout(engine, pol.env, rows, shape, pol.agent, key=key, scheduler=sched)[1]
 
     for case in cases:

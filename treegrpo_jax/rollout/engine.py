@@ -117,7 +117,7 @@ class EngineStats:
     forked_tokens: int = 0  # prefix tokens a branch got by copy instead of prefill
     decode_calls: int = 0
     decode_steps: int = 0  # loop iterations over all calls
-    row_steps: int = 0  # rows computed: Σ bucket rows × steps (padding and stopped rows included)
+    row_steps: int = 0  # rows computed: Σ batch width × steps (padding and stopped rows included)
     live_row_steps: int = 0  # Σ rows the caller asked for × steps (stopped rows included)
     append_calls: int = 0
     fork_calls: int = 0
@@ -145,6 +145,7 @@ class _DecodeCarry:
     """The decode loop's state; rows are the call's B rows."""
 
     step: jax.Array  # [] steps run
+    row_steps: jax.Array  # [] rows computed, summed over steps (a shrunk batch counts its width)
     cache: KVCache | PagedKVCache | None  # None in the host copy read back after the call
     pending: jax.Array  # [B] the token each row writes next
     active: jax.Array  # [B] bool: still generating
@@ -175,9 +176,40 @@ class _DecodeInputs:
     exit_after: np.int32  # return once this many rows have stopped
 
 
+@pytree_dataclass
+@dataclasses.dataclass(frozen=True)
+class _RowInputs:
+    """What each row of a decode phase brings: its slot, key, knobs and budget."""
+
+    slots: jax.Array  # [w]
+    keys: jax.Array  # [w] typed PRNG keys
+    sampling: SamplingParams
+    budget: jax.Array  # [w]
+
+
+_PER_ROW = ("pending", "active", "tokens", "logprobs", "entropies", "count", "eos_hit", "ctx_hit",
+            "stop_hit", "window")  # fmt: skip
+
+
+def _phase_widths(b: int, shrink_to: int) -> list[int]:
+    """The call's row widths: b, then halved while rows end, down to `shrink_to` (0: never)."""
+    widths = [b]
+    while shrink_to and widths[-1] % 2 == 0 and widths[-1] // 2 >= shrink_to:
+        widths.append(widths[-1] // 2)
+    return widths
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "num_steps", "attend_len", "rows_are_slots", "kernels", "key_impl"),
+    static_argnames=(
+        "graphdef",
+        "num_steps",
+        "attend_len",
+        "rows_are_slots",
+        "kernels",
+        "key_impl",
+        "shrink_to",
+    ),  # fmt: skip
     donate_argnames=("cache",),
 )
 def _decode(
@@ -191,63 +223,77 @@ def _decode(
     rows_are_slots=False,
     kernels=Kernels.XLA,
     key_impl="threefry2x32",
+    shrink_to=0,
 ):
+    """Up to `num_steps` decode steps over the call's rows.
+
+    Rows that end stop emitting but would still be computed to the call's end: with `shrink_to`,
+    once at most half of a phase's rows are active the active ones are gathered into a batch of
+    half the width (the others' results written back first), down to `shrink_to` rows, all in this
+    one call. A row's tokens do not depend on which rows share its batch (its stream folds in its
+    own key and position), so shrinking changes only the cost."""
     model = nnx.merge(graphdef, state)
-    slots, active, sampling, budget = inputs.slots, inputs.active, inputs.sampling, inputs.budget
     eos_ids, stop_table, exit_after = inputs.eos_ids, inputs.stop_table, inputs.exit_after
-    b = slots.shape[0]
-    keys = jax.random.wrap_key_data(inputs.keys, impl=key_impl)  # raw words in: padded on the host
-    # Row b decoding slot b (the whole pool, in order): attention reads the cache in place
-    # instead of gathering every row's keys and values per layer and step.
-    model_slots = None if rows_are_slots else slots
-    row_slots = jnp.minimum(slots, cache.num_slots - 1)
-    live = jnp.sum(active)
+    b = inputs.slots.shape[0]
+    live = jnp.sum(inputs.active)
+    widths = _phase_widths(b, shrink_to)
 
-    def cond(c: _DecodeCarry):
-        # Early exit: once `exit_after` rows have stopped, the caller would rather take them
-        # out of the batch (and put others in) than compute rows that emit nothing.
-        stopped = live - jnp.sum(c.active)
-        return (c.step < num_steps) & jnp.any(c.active) & (stopped < exit_after)
+    def run_phase(init: _DecodeCarry, rows: _RowInputs, width: int, is_last: bool, in_place: bool):
+        # Row b decoding slot b (the whole pool, in order): attention reads the cache in place
+        # instead of gathering every row's keys and values per layer and step.
+        model_slots = None if in_place else rows.slots
+        row_slots = jnp.minimum(rows.slots, init.cache.num_slots - 1)
 
-    def body(c: _DecodeCarry):
-        logits, cache = model.decode(
-            c.pending, c.cache, c.active, slots=model_slots, attend_len=attend_len, kernels=kernels
-        )
-        lengths = cache.lengths[row_slots]
-        # Fold the write position into the row's key: a row's stream depends only on its own
-        # key and history, not on which other rows share the batch or how a step is split
-        # into calls.
-        step_keys = jax.vmap(jax.random.fold_in)(keys, lengths)
-        tok, logp, ent = sample(logits, step_keys, sampling, kernels=kernels)
-        active = c.active
-        count = c.count + active
-        is_eos = active & jnp.isin(tok, eos_ids)
-        window, is_stop = stops_lib.push(c.window, tok, stop_table)
-        window = jnp.where(active[:, None], window, c.window)
-        is_stop = active & is_stop & ~is_eos
-        # The new pending token needs one free position to be written later.
-        full = active & (lengths + 1 >= cache.max_len)
-        return _DecodeCarry(
-            step=c.step + 1,
-            cache=cache,
-            pending=jnp.where(active, tok, c.pending),
-            active=active & ~is_eos & ~is_stop & ~full & (count < budget),
-            tokens=c.tokens.at[:, c.step].set(jnp.where(active, tok, 0)),
-            logprobs=c.logprobs.at[:, c.step].set(jnp.where(active, logp, 0.0)),
-            entropies=c.entropies.at[:, c.step].set(jnp.where(active, ent, 0.0)),
-            count=count,
-            eos_hit=c.eos_hit | is_eos,
-            ctx_hit=c.ctx_hit | (full & ~is_eos & ~is_stop),
-            stop_hit=c.stop_hit | is_stop,
-            window=window,
-        )
+        def cond(c: _DecodeCarry):
+            # Early exit: once `exit_after` rows have stopped, the caller would rather take them
+            # out of the batch (and put others in) than compute rows that emit nothing.
+            running = jnp.sum(c.active)
+            go = (c.step < num_steps) & (running > 0) & (live - running < exit_after)
+            return go if is_last else go & (running > width // 2)
+
+        def body(c: _DecodeCarry):
+            logits, cache = model.decode(
+                c.pending, c.cache, c.active, slots=model_slots, attend_len=attend_len, kernels=kernels
+            )
+            lengths = cache.lengths[row_slots]
+            # Fold the write position into the row's key: a row's stream depends only on its own
+            # key and history, not on which other rows share the batch or how a step is split
+            # into calls.
+            step_keys = jax.vmap(jax.random.fold_in)(rows.keys, lengths)
+            tok, logp, ent = sample(logits, step_keys, rows.sampling, kernels=kernels)
+            active = c.active
+            count = c.count + active
+            is_eos = active & jnp.isin(tok, eos_ids)
+            window, is_stop = stops_lib.push(c.window, tok, stop_table)
+            window = jnp.where(active[:, None], window, c.window)
+            is_stop = active & is_stop & ~is_eos
+            # The new pending token needs one free position to be written later.
+            full = active & (lengths + 1 >= cache.max_len)
+            return _DecodeCarry(
+                step=c.step + 1,
+                row_steps=c.row_steps + width,
+                cache=cache,
+                pending=jnp.where(active, tok, c.pending),
+                active=active & ~is_eos & ~is_stop & ~full & (count < rows.budget),
+                tokens=c.tokens.at[:, c.step].set(jnp.where(active, tok, 0)),
+                logprobs=c.logprobs.at[:, c.step].set(jnp.where(active, logp, 0.0)),
+                entropies=c.entropies.at[:, c.step].set(jnp.where(active, ent, 0.0)),
+                count=count,
+                eos_hit=c.eos_hit | is_eos,
+                ctx_hit=c.ctx_hit | (full & ~is_eos & ~is_stop),
+                stop_hit=c.stop_hit | is_stop,
+                window=window,
+            )
+
+        return jax.lax.while_loop(cond, body, init)
 
     zeros_b = jnp.zeros((b,), bool)
-    init = _DecodeCarry(
+    carry = _DecodeCarry(
         step=jnp.int32(0),
+        row_steps=jnp.int32(0),
         cache=cache,
         pending=inputs.pending,
-        active=active,
+        active=inputs.active,
         tokens=jnp.zeros((b, num_steps), jnp.int32),
         logprobs=jnp.zeros((b, num_steps), jnp.float32),
         entropies=jnp.zeros((b, num_steps), jnp.float32),
@@ -257,7 +303,26 @@ def _decode(
         stop_hit=zeros_b,
         window=inputs.window,
     )
-    return jax.lax.while_loop(cond, body, init)
+    keys = jax.random.wrap_key_data(inputs.keys, impl=key_impl)  # raw words in: padded on the host
+    rows = _RowInputs(slots=inputs.slots, keys=keys, sampling=inputs.sampling, budget=inputs.budget)
+    if len(widths) == 1:
+        return run_phase(carry, rows, b, True, rows_are_slots)
+    out, where = carry, jnp.arange(b)  # full-width results; which full row each phase row is
+    for k, width in enumerate(widths):
+        carry = run_phase(carry, rows, width, k == len(widths) - 1, rows_are_slots and k == 0)
+        out = dataclasses.replace(
+            out,
+            step=carry.step,
+            row_steps=carry.row_steps,
+            cache=carry.cache,
+            **{f: getattr(out, f).at[where].set(getattr(carry, f)) for f in _PER_ROW},
+        )
+        if k + 1 < len(widths):  # the active rows first (stable), then enough ended ones to fill
+            keep = jnp.argsort(~carry.active, stable=True)[: widths[k + 1]]
+            carry = dataclasses.replace(carry, **{f: getattr(carry, f)[keep] for f in _PER_ROW})
+            rows = jax.tree.map(lambda x, keep=keep: x[keep], rows)
+            where = where[keep]
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("span",), donate_argnames=("cache",))
@@ -290,6 +355,9 @@ class Engine:
     append, decode and fork take the pages they need and raise `OutOfPagesError` (changing
     nothing) when the pool is short — `decode_pages_needed` / `pages_needed` say how many
     beforehand, so a scheduler can wait for pages instead.
+
+    `shrink_to`: inside a decode call, once at most half the rows are still generating, they go
+    on in a batch of half the width, down to `shrink_to` rows (0: rows stay to the call's end).
     """
 
     def __init__(
@@ -307,6 +375,7 @@ class Engine:
         kv_layout: str = "slots",
         page_size: int = 16,
         num_pages: int | None = None,
+        shrink_to: int = 8,
     ):
         if num_slots <= 0 or max_len <= 1:
             raise ValueError(f"Engine needs num_slots > 0 and max_len > 1, got {num_slots}, {max_len}")
@@ -320,6 +389,9 @@ class Engine:
         self.cfg = model.cfg
         self.num_slots, self.max_len = num_slots, max_len
         self.min_chunk, self.min_rows = min_chunk, min_rows
+        if isinstance(shrink_to, bool) or not isinstance(shrink_to, int) or shrink_to < 0:
+            raise ValueError(f"Engine: shrink_to must be an int ≥ 0 (0: never shrink), got {shrink_to!r}")
+        self.shrink_to = shrink_to
         self.eos_ids = jnp.asarray(tuple(eos_ids) or (-1,), jnp.int32)
         self.stop_table = stop_table or stops_lib.make_stop_table([], (), vocab_size=1)
         # Stored K/V may be narrower than the compute dtype (bf16 halves an f32 model's cache
@@ -646,6 +718,7 @@ class Engine:
             rows_are_slots=b == self.num_slots and bool(np.array_equal(rows, np.arange(b))),
             kernels=self.kernels,
             key_impl=key_impl,
+            shrink_to=self.shrink_to,
         )
         return inputs, static
 
@@ -662,7 +735,7 @@ class Engine:
         self.stats.decoded_tokens += int(count.sum())
         self.stats.decode_calls += 1
         self.stats.decode_steps += ran
-        self.stats.row_steps += host.pending.shape[0] * ran
+        self.stats.row_steps += int(host.row_steps)
         self.stats.live_row_steps += n * ran
         return DecodeResult(
             slots=list(slots),
