@@ -279,3 +279,10 @@ def test_shrinking_rows_inside_a_call_changes_nothing_but_the_cost(model, kernel
         for f in ("num_tokens", "hit_eos", "hit_stop", "hit_context"):
             np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
     np.testing.assert_array_equal(la, lb)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_a_bad_shrink_to_names_itself(model, bad):
+    # (a float is a TypeError from the tests' shape checker before the engine's own ValueError)
+    with pytest.raises((ValueError, TypeError), match="shrink_to"):
+        Engine(model, num_slots=2, max_len=16, shrink_to=bad)

@@ -476,10 +476,14 @@ class Trainer:
         return final_eval
 
 
+# One program per batch shape, compiled beside the step's own (eager ops would make two).
+_count_real = jax.jit(lambda x: jnp.sum(x > 0))
+
+
 def _batch_fill(batch) -> tuple[float, float]:
     """(token slots, real tokens) of the step's global batch: the same on every process."""
-    real = batch.segment > 0 if isinstance(batch, PackedBatch) else batch.valid
-    return float(batch.tokens.size), float(jnp.sum(real))
+    real = batch.segment if isinstance(batch, PackedBatch) else batch.valid
+    return float(batch.tokens.size), float(_count_real(real))
 
 
 def _is_mean(key: str) -> bool:
