@@ -138,9 +138,9 @@ def test_fork_from_a_prefix_of_a_longer_sequence_equals_recompute(model):
 
 
 def test_a_fork_copies_the_live_span_only_and_equals_recompute(model):
-    """A fork copies a power-of-two span of the source's live prefix, not the whole slot: the
-    destination's old K/V past the span (a longer, different sequence freed before) must never
-    reach a later step. Also at the boundary: a prefix exactly one span long."""
+    """A fork copies the source's live prefix in chunks of `FORK_CHUNK` positions, not the whole
+    slot: the destination's old K/V past them (a longer, different sequence freed before) must
+    never reach a later step. Also at the boundary: a prefix exactly one chunk long."""
     eng = Engine(model, num_slots=4, max_len=256, min_rows=2)
     greedy = SamplingParams.make(2, greedy=True)
     keys = jax.random.split(jax.random.key(0), 2)
@@ -156,6 +156,19 @@ def test_a_fork_copies_the_live_span_only_and_equals_recompute(model):
     out = eng.decode([b, d], max_new_tokens=6, sampling=greedy, keys=keys)
     assert out.row(0)[0] == greedy_reference(model, short, 6)
     assert out.row(1)[0] == greedy_reference(model, boundary, 6)
+
+
+def test_a_fork_whose_pairs_overlap_is_refused(model):
+    """Pairs are copied in turn, so a destination that is also a source (or twice a destination)
+    would depend on the order: refused before anything changes."""
+    eng = Engine(model, num_slots=4, max_len=32)
+    a, b, c, _ = eng.allocate(4)
+    eng.append({a: [1, 2, 3], b: [4, 5]})
+    before = eng.lengths.copy()
+    for src, dst in (([a, b], [b, c]), ([a, a], [c, c])):
+        with pytest.raises(ValueError, match="destination twice or also a source"):
+            eng.fork(src, dst)
+    np.testing.assert_array_equal(eng.lengths, before)
 
 
 def test_slots_allocate_free_and_reuse(model):
@@ -242,12 +255,14 @@ def test_host_arrays_reach_the_device_without_a_compile():
 @pytest.mark.parametrize("whole_pool", [False, True], ids=["some-slots", "whole-pool"])
 def test_shrinking_rows_inside_a_call_changes_nothing_but_the_cost(model, kernels, whole_pool):
     """Rows with budgets from 1 to 24, an EOS token, sampled: with `shrink_to=8` a 32-row call
-    goes on at 16 and then 8 rows as rows end; every row's tokens, log-probs, entropies, endings,
+    goes on at 24, 16, 12 and then 8 rows as rows end; every row's tokens, log-probs, entropies, endings,
     the engine's lengths and its next call are what the call without shrinking gives."""
     if kernels == "native" and not build.available():
         pytest.skip("CPU kernels not built")
-    assert engine_lib._phase_widths(32, 8) == [32, 16, 8] and engine_lib._phase_widths(48, 8) == [48, 24, 12]
-    assert engine_lib._phase_widths(12, 8) == [12] and engine_lib._phase_widths(32, 0) == [32]
+    assert engine_lib._phase_widths(32, 8) == [32, 24, 16, 12, 8]
+    assert engine_lib._phase_widths(48, 8) == [48, 32, 24, 16, 12, 8]
+    assert engine_lib._phase_widths(12, 8) == [12, 8] and engine_lib._phase_widths(8, 8) == [8]
+    assert engine_lib._phase_widths(32, 0) == [32] and engine_lib._phase_widths(6, 1) == [6, 4, 3, 2, 1]
     rng = np.random.default_rng(3)
     rows = 32
     slots = list(range(rows)) if whole_pool else list(range(1, 2 * rows, 2))

@@ -35,7 +35,7 @@ from flax import nnx
 from jaxtyping import Int
 
 from treegrpo_jax._pytree import pytree_dataclass
-from treegrpo_jax.model.cache import KVCache, fork_slots, init_cache
+from treegrpo_jax.model.cache import KVCache, copy_prefixes, init_cache
 from treegrpo_jax.model.decoder import Decoder
 from treegrpo_jax.model.paged_cache import PagedKVCache, copy_pages, init_paged_cache
 from treegrpo_jax.native import Kernels, resolve
@@ -192,10 +192,16 @@ _PER_ROW = ("pending", "active", "tokens", "logprobs", "entropies", "count", "eo
 
 
 def _phase_widths(b: int, shrink_to: int) -> list[int]:
-    """The call's row widths: b, then halved while rows end, down to `shrink_to` (0: never)."""
+    """The call's row widths: b, then each next smaller 2^k or 3·2^(k-1) down to `shrink_to`
+    (0: never shrink). A step down is at most a third narrower, so a finished row rides along
+    for at most a third of its phase's width (halving let it be half)."""
     widths = [b]
-    while shrink_to and widths[-1] % 2 == 0 and widths[-1] // 2 >= shrink_to:
-        widths.append(widths[-1] // 2)
+    while shrink_to and widths[-1] > shrink_to:
+        power = 1 << ((widths[-1] - 1).bit_length() - 1)  # the largest power of two below
+        smaller = 3 * power // 2 if power >= 2 and 3 * power // 2 < widths[-1] else power
+        if smaller < shrink_to:
+            break
+        widths.append(smaller)
     return widths
 
 
@@ -228,17 +234,18 @@ def _decode(
     """Up to `num_steps` decode steps over the call's rows.
 
     Rows that end stop emitting but would still be computed to the call's end: with `shrink_to`,
-    once at most half of a phase's rows are active the active ones are gathered into a batch of
-    half the width (the others' results written back first), down to `shrink_to` rows, all in this
-    one call. A row's tokens do not depend on which rows share its batch (its stream folds in its
-    own key and position), so shrinking changes only the cost."""
+    once a phase's active rows fit the next narrower width (`_phase_widths`) they are gathered
+    into a batch of that width (the others' results written back first), down to `shrink_to`
+    rows, all in this one call. A row's tokens do not depend on which rows share its batch (its
+    stream folds in its own key and position), so shrinking changes only the cost."""
     model = nnx.merge(graphdef, state)
     eos_ids, stop_table, exit_after = inputs.eos_ids, inputs.stop_table, inputs.exit_after
     b = inputs.slots.shape[0]
     live = jnp.sum(inputs.active)
     widths = _phase_widths(b, shrink_to)
 
-    def run_phase(init: _DecodeCarry, rows: _RowInputs, width: int, is_last: bool, in_place: bool):
+    def run_phase(init: _DecodeCarry, rows: _RowInputs, width: int, next_width: int, in_place: bool):
+        # next_width 0: the last phase, which runs to the call's end.
         # Row b decoding slot b (the whole pool, in order): attention reads the cache in place
         # instead of gathering every row's keys and values per layer and step.
         model_slots = None if in_place else rows.slots
@@ -249,7 +256,7 @@ def _decode(
             # out of the batch (and put others in) than compute rows that emit nothing.
             running = jnp.sum(c.active)
             go = (c.step < num_steps) & (running > 0) & (live - running < exit_after)
-            return go if is_last else go & (running > width // 2)
+            return go & (running > next_width)
 
         def body(c: _DecodeCarry):
             logits, cache = model.decode(
@@ -306,10 +313,11 @@ def _decode(
     keys = jax.random.wrap_key_data(inputs.keys, impl=key_impl)  # raw words in: padded on the host
     rows = _RowInputs(slots=inputs.slots, keys=keys, sampling=inputs.sampling, budget=inputs.budget)
     if len(widths) == 1:
-        return run_phase(carry, rows, b, True, rows_are_slots)
+        return run_phase(carry, rows, b, 0, rows_are_slots)
     out, where = carry, jnp.arange(b)  # full-width results; which full row each phase row is
     for k, width in enumerate(widths):
-        carry = run_phase(carry, rows, width, k == len(widths) - 1, rows_are_slots and k == 0)
+        next_width = widths[k + 1] if k + 1 < len(widths) else 0
+        carry = run_phase(carry, rows, width, next_width, rows_are_slots and k == 0)
         out = dataclasses.replace(
             out,
             step=carry.step,
@@ -325,9 +333,9 @@ def _decode(
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("span",), donate_argnames=("cache",))
-def _fork(cache: KVCache, src, dst, lengths, *, span):
-    return fork_slots(cache, src, dst, lengths, span)
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _fork(cache: KVCache, src, dst, lengths):
+    return copy_prefixes(cache, src, dst, lengths)
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -356,8 +364,9 @@ class Engine:
     nothing) when the pool is short — `decode_pages_needed` / `pages_needed` say how many
     beforehand, so a scheduler can wait for pages instead.
 
-    `shrink_to`: inside a decode call, once at most half the rows are still generating, they go
-    on in a batch of half the width, down to `shrink_to` rows (0: rows stay to the call's end).
+    `shrink_to`: inside a decode call, once the rows still generating fit the next narrower
+    width (2^k or 3·2^(k-1), at most a third narrower), they go on at that width, down to
+    `shrink_to` rows (0: rows stay to the call's end).
     """
 
     def __init__(
@@ -763,6 +772,9 @@ class Engine:
             raise ValueError("fork: src, dst (and prefix) must have the same length")
         if not src:
             return
+        if set(src) & set(dst) or len(set(dst)) < len(dst):
+            # Pairs are copied in turn: a dst read by a later pair would pass on its new prefix.
+            raise ValueError(f"fork: a slot is a destination twice or also a source: src={src}, dst={dst}")
         n = len(src)
         lengths = np.asarray([self.lengths[s] for s in src], np.int64)
         pending = np.asarray([self.pending[s] for s in src], np.int64)
@@ -798,10 +810,8 @@ class Engine:
             dst_a = np.full(b, self.num_slots, np.int32)
             len_a = np.zeros(b, np.int32)
             src_a[:n], dst_a[:n], len_a[:n] = src, dst, lengths
-            # Copy the live prefixes only (a power-of-two bucket of the longest): a whole-slot
-            # copy moved max_len positions per branch, most of them never written.
-            span = _bucket(int(lengths.max()), 64, self.max_len)
-            self.cache = _fork(self.cache, _device(src_a), _device(dst_a), _device(len_a), span=span)
+            # Each pair copies its own live prefix only, in place (`copy_prefixes`).
+            self.cache = _fork(self.cache, _device(src_a), _device(dst_a), _device(len_a))
         self.lengths[dst] = lengths
         self.pending[dst] = pending
         self.windows[dst] = 0
