@@ -68,6 +68,7 @@ def _summary(stats: list, walls: list[float]) -> dict:
         "fork_calls": med(lambda s: s.fork_calls),
         "rows_per_step": med(lambda s: s.rows_in_flight),
         "waste_fraction": med(lambda s: s.waste_fraction),
+        "row_steps_per_leaf": med(lambda s: s.row_steps / s.leaves),
         **{f"time_{p}_s": med(lambda s, p=p: getattr(s.times, p)) for p in PHASES},
         **{
             f"fraction_{p}": float(
@@ -75,6 +76,37 @@ def _summary(stats: list, walls: list[float]) -> dict:
             )
             for p in PHASES
         },
+    }
+
+
+def _gap(runs: dict, tree: str = "tree/scheduler", chain: str = "chain/scheduler") -> dict:
+    """Where the tree's wall per leaf exceeds `r` × the chain's (r: their decoded-token ratio),
+    in ms per leaf, split exactly into measured parts: decode as row-steps per leaf × seconds
+    per row-step — the tree computing more row-steps than r × the chain's (`decode_row_steps`),
+    and each of its row-steps costing more (`decode_cost_per_row_step`: fewer rows to share a
+    step's weight reads and a call's fixed cost, longer contexts) — then forks, appends, host
+    work, retrieval waits and the wall no phase timed (`other`)."""
+    t, c = runs[tree], runs[chain]
+    r = t["decoded_per_leaf"] / c["decoded_per_leaf"]
+    ms_leaf = lambda q, key: 1e3 * q[key] / q["leaves"]  # noqa: E731
+    cost = lambda q: q["time_decode_s"] / (q["row_steps_per_leaf"] * q["leaves"])  # noqa: E731
+    parts = {
+        "decode_row_steps": 1e3 * cost(c) * (t["row_steps_per_leaf"] - r * c["row_steps_per_leaf"]),
+        "decode_cost_per_row_step": 1e3 * t["row_steps_per_leaf"] * (cost(t) - cost(c)),
+    }
+    for phase in PHASES[1:]:
+        parts[phase] = ms_leaf(t, f"time_{phase}_s") - r * ms_leaf(c, f"time_{phase}_s")
+    untimed = lambda q: 1e3 * (q["wall_s"] - sum(q[f"time_{p}_s"] for p in PHASES)) / q["leaves"]  # noqa: E731
+    parts["other"] = untimed(t) - r * untimed(c)
+    return {
+        "decoded_ratio": r,
+        # wall_s / leaves, the quantity split above (a median of walls over a median of leaves,
+        # within a hair of the median of per-round ratios that `wall_per_leaf_s` is)
+        "excess_ms_per_leaf": 1e3 * (t["wall_s"] / t["leaves"] - r * c["wall_s"] / c["leaves"]),
+        "parts_ms_per_leaf": parts,
+        "chain_ms_per_leaf": 1e3 * c["wall_s"] / c["leaves"],
+        "row_steps_ratio": t["row_steps_per_leaf"] / c["row_steps_per_leaf"],
+        "cost_per_row_step_us": {"tree": 1e6 * cost(t), "chain": 1e6 * cost(c)},
     }
 
 
@@ -127,6 +159,7 @@ def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
         for case in names[r % len(names) :] + names[: r % len(names)]:
             stats[case].append(run(case, jax.random.key(bc.seed + 1 + r)))
     runs = {c: _summary(s, [x.wall for x in s]) for c, s in stats.items()}
+    named = {"/".join(c): v for c, v in runs.items()}
     small = _small_decode(bc)
     get = lambda shape, drv, k: runs[(shape, drv)][k]  # noqa: E731
     return {
@@ -148,8 +181,10 @@ def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
             "policy": pol.name,
             "prompts": len(rows),
             "repeats": bc.repeats,
-            "runs": {"/".join(c): v for c, v in runs.items()},
+            "runs": named,
             "small_decode": small,
+            "tree_vs_chain_gap": _gap(named),
+            "tree_vs_chain_gap_lockstep": _gap(named, "tree/lockstep", "chain/lockstep"),
         },
     }
 
@@ -173,6 +208,13 @@ def print_leaf_cost(result: dict) -> None:
           f"{s['roofline_ms']:.2f} ms at {s['ceilings']['best_gbps']:.1f} GB/s, matmul floor "
           f"{s['flop_ms']:.2f} ms at {s['ceilings']['matmul_gflops']:.0f} GFLOP/s; the step's own "
           f"matmuls alone {s['step_matmul_ms']:.2f} ms")  # fmt: skip
+    for name in ("tree_vs_chain_gap", "tree_vs_chain_gap_lockstep"):
+        g = r[name]
+        parts = ", ".join(f"{k} {v:+.3f}" for k, v in g["parts_ms_per_leaf"].items())
+        us = g["cost_per_row_step_us"]
+        print(f"{name}: tree − {g['decoded_ratio']:.3f} × chain = {g['excess_ms_per_leaf']:+.3f} ms per leaf "
+              f"(chain {g['chain_ms_per_leaf']:.2f}; row-steps ratio {g['row_steps_ratio']:.3f}, µs per "
+              f"row-step {us['tree']:.1f} vs {us['chain']:.1f}): {parts}")  # fmt: skip
     for key in ("tree_vs_chain_wall_per_leaf", "tree_vs_chain_decoded_per_leaf",
                 "scheduler_speedup_vs_lockstep", "chain_scheduler_speedup_vs_lockstep",
                 "tree_leaves_per_s", "chain_leaves_per_s",
