@@ -3,14 +3,17 @@
 On the policy of `_policy.py` (pass `make demo`'s `--policy_workdir=workdir/tiny` and its
 `--policy_step`) and its first `--scheduler_prompts` train questions, one engine of 6 slots
 per prompt, in-process BM25: tree (2,2,1) and chain 6 (6 leaves per prompt each), each through
-the scheduler (its defaults, and with `exit_fraction=0.5`) and the lock-step loop. Two warm-up
-keys per case compile the shape buckets; then `--repeats` rounds, the six cases interleaved in
-a rotating order within a round (load on the shared machine hits all alike), each round its
-own key. Medians throughout.
+the scheduler (its defaults, and without each of its knobs) and the lock-step loop; both
+drivers also with searches over HTTP, `--latency_ms` added to each by the chaos proxy. Two
+warm-up keys per case compile the shape buckets; then `--repeats` rounds, every case
+interleaved in a rotating order within a round (load on the shared machine hits all alike),
+each round its own key. Medians throughout.
 
 Keys: `tree_vs_chain_wall_per_leaf` beside `tree_vs_chain_decoded_per_leaf` (the token
 saving the wall should show), `scheduler_speedup_vs_lockstep` (tree) and its chain twin,
-`tree_leaves_per_s`, `chain_leaves_per_s`, `prefill_fraction_of_rollout` (tree, scheduler:
+the same three over HTTP (`..._http`), `tree_leaves_per_s`, `chain_leaves_per_s`,
+`tree_vs_chain_gap` (the tree's excess over its token share, split into measured parts),
+`prefill_fraction_of_rollout` (tree, scheduler:
 seconds in appends over the wall), the whole phase split per case (decode, append, fork,
 host, retrieval wait), and the decode step at the small dims of `_roofline.py` (embed 128,
 4 heads, 2 KV heads, 4 layers; 128 rows × 256 live of a 1,024 pool, greedy, CPU kernel, f32
@@ -21,10 +24,13 @@ floors (`decode_fraction_of_max_bound_small_b128`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import _roofline
 import jax
 import numpy as np
 from _policy import SHAPES, engine_for, load_policy
+from _scheduler import _http_retriever
 
 from treegrpo_jax.model.build import init_model
 from treegrpo_jax.model.config import ModelConfig
@@ -46,7 +52,13 @@ def _cases():
         # Rows that ended ride along to the call's end (the engine before `shrink_to`).
         "scheduler_noshrink": SchedulerConfig(),
     }
-    return {(shape, d): (SHAPES[shape], sched) for shape in SHAPES for d, sched in drivers.items()}
+    cases = {(shape, d): (SHAPES[shape], sched) for shape in SHAPES for d, sched in drivers.items()}
+    # The same two drivers with searches over HTTP, `--latency_ms` added to each by the chaos
+    # proxy: the latency the scheduler is built to hide (in-process BM25 answers in ~1 ms).
+    for shape in SHAPES:
+        for d in ("scheduler", "lockstep"):
+            cases[(shape, f"{d}_http")] = (SHAPES[shape], drivers[d])
+    return cases
 
 
 def _summary(stats: list, walls: list[float]) -> dict:
@@ -135,19 +147,24 @@ def _small_decode(bc) -> dict:
 def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
     """Tree vs chain, scheduler vs lock-step, per leaf in seconds (see the module docstring)."""
     del model, cfg
-    from treegrpo_jax.rollout.tree_search import rollout
-
     pol = load_policy(bc, bc.scheduler_prompts)
     rows = list(pol.rows)
     engine = engine_for(pol, len(rows))
     cases = _cases()
+    with _http_retriever(list(pol.corpus), bc.latency_ms / 1000) as http:
+        return _measure(bc, pol, rows, engine, cases, dataclasses.replace(pol.env, retriever=http))
+
+
+def _measure(bc, pol, rows, engine, cases, http_env) -> dict:
+    from treegrpo_jax.rollout.tree_search import rollout
 
     shrink_to = engine.shrink_to
 
     def run(case, key):
         shape, sched = cases[case]
         engine.shrink_to = 0 if case[1].endswith("noshrink") else shrink_to
-        return rollout(engine, pol.env, rows, shape, pol.agent, key=key, scheduler=sched)[1]
+        env = http_env if case[1].endswith("_http") else pol.env
+        return rollout(engine, env, rows, shape, pol.agent, key=key, scheduler=sched)[1]
 
     for case in cases:
         for warm in (1000, 1001):
@@ -171,6 +188,12 @@ def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
         / get("tree", "lockstep", "leaves_per_s"),
         "chain_scheduler_speedup_vs_lockstep": get("chain", "scheduler", "leaves_per_s")
         / get("chain", "lockstep", "leaves_per_s"),
+        "scheduler_speedup_vs_lockstep_http": get("tree", "scheduler_http", "leaves_per_s")
+        / get("tree", "lockstep_http", "leaves_per_s"),
+        "chain_scheduler_speedup_vs_lockstep_http": get("chain", "scheduler_http", "leaves_per_s")
+        / get("chain", "lockstep_http", "leaves_per_s"),
+        "tree_vs_chain_wall_per_leaf_http": get("tree", "scheduler_http", "wall_per_leaf_s")
+        / get("chain", "scheduler_http", "wall_per_leaf_s"),
         "tree_leaves_per_s": get("tree", "scheduler", "leaves_per_s"),
         "chain_leaves_per_s": get("chain", "scheduler", "leaves_per_s"),
         "prefill_fraction_of_rollout": get("tree", "scheduler", "fraction_append"),
@@ -181,6 +204,7 @@ def run_leaf_cost(bc, model: Decoder, cfg: ModelConfig) -> dict:
             "policy": pol.name,
             "prompts": len(rows),
             "repeats": bc.repeats,
+            "http_latency_ms": bc.latency_ms,
             "runs": named,
             "small_decode": small,
             "tree_vs_chain_gap": _gap(named),
@@ -197,9 +221,9 @@ def print_leaf_cost(result: dict) -> None:
           f"median of {r['repeats']} interleaved rounds")  # fmt: skip
     head = ("case", "leaves/s", "ms/leaf", "tok/leaf", "dec calls", "steps", "rows/step", "appends",
             "decode", "append", "fork", "host")  # fmt: skip
-    print(f"{head[0]:16}" + "".join(f"{h:>10}" for h in head[1:]))
+    print(f"{head[0]:26}" + "".join(f"{h:>10}" for h in head[1:]))
     for name, q in r["runs"].items():
-        print(f"{name:16}{q['leaves_per_s']:10.1f}{1e3 * q['wall_per_leaf_s']:10.2f}"
+        print(f"{name:26}{q['leaves_per_s']:10.1f}{1e3 * q['wall_per_leaf_s']:10.2f}"
               f"{q['decoded_per_leaf']:10.1f}{q['decode_calls']:10.0f}{q['decode_steps']:10.0f}"
               f"{q['rows_per_step']:10.1f}{q['append_calls']:10.0f}"
               + "".join(f"{q[f'fraction_{p}']:10.0%}" for p in PHASES[:4]))  # fmt: skip

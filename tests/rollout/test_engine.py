@@ -263,6 +263,9 @@ def test_shrinking_rows_inside_a_call_changes_nothing_but_the_cost(model, kernel
     assert engine_lib._phase_widths(48, 8) == [48, 32, 24, 16, 12, 8]
     assert engine_lib._phase_widths(12, 8) == [12, 8] and engine_lib._phase_widths(8, 8) == [8]
     assert engine_lib._phase_widths(32, 0) == [32] and engine_lib._phase_widths(6, 1) == [6, 4, 3, 2, 1]
+    # Wider than 64 rows: halving, as each phase costs a compile of the step.
+    assert engine_lib._phase_widths(96, 8) == [96, 48, 24, 12]
+    assert engine_lib._phase_widths(128, 8) == [128, 64, 32, 16, 8]
     rng = np.random.default_rng(3)
     rows = 32
     slots = list(range(rows)) if whole_pool else list(range(1, 2 * rows, 2))
