@@ -67,3 +67,29 @@ def test_leaf_cost_summary_is_the_median_over_rounds_and_counts_engine_calls(pol
     assert (
         summary["fraction_decode"] == sorted(s.times.decode / w for s, w in zip(tree, walls, strict=True))[1]
     )
+
+
+def test_the_tree_vs_chain_gap_splits_the_excess_exactly_into_its_parts():
+    """Hand-computed: the tree decodes half the chain's tokens per leaf, so its wall per leaf
+    beyond half the chain's (75 ms) is decode 20 (row-steps 5 over half the chain's, each
+    dearer), forks 20, host 5, untimed 30; the parts add up to the excess."""
+
+    def run(wall, decoded, row_steps, **times):
+        phases = {f"time_{p}_s": times.get(p, 0.0) for p in _leaf_cost.PHASES}
+        return {"leaves": 10.0, "wall_s": wall, "wall_per_leaf_s": wall / 10, "decoded_per_leaf": decoded,
+                "row_steps_per_leaf": row_steps} | phases  # fmt: skip
+
+    runs = {
+        "tree/scheduler": run(2.0, 50, 60, decode=1.2, append=0.1, fork=0.2, host=0.1),
+        "chain/scheduler": run(2.5, 100, 110, decode=2.0, append=0.2, host=0.1),
+    }
+    gap = _leaf_cost._gap(runs)
+    parts = gap["parts_ms_per_leaf"]
+    assert gap["decoded_ratio"] == 0.5
+    assert gap["excess_ms_per_leaf"] == pytest.approx(75.0)
+    assert sum(parts.values()) == pytest.approx(75.0)
+    assert parts["decode_row_steps"] + parts["decode_cost_per_row_step"] == pytest.approx(20.0)
+    assert parts["decode_row_steps"] == pytest.approx(1e3 * 2.0 / 1100 * 5)  # the chain's cost × 5 row-steps
+    assert parts["fork"] == pytest.approx(20.0) and parts["host"] == pytest.approx(5.0)
+    assert parts["append"] == pytest.approx(0.0) and parts["other"] == pytest.approx(30.0)
+    assert gap["row_steps_ratio"] == pytest.approx(60 / 110)
