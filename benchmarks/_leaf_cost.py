@@ -179,21 +179,18 @@ def _measure(bc, pol, rows, engine, cases, http_env) -> dict:
     named = {"/".join(c): v for c, v in runs.items()}
     small = _small_decode(bc)
     get = lambda shape, drv, k: runs[(shape, drv)][k]  # noqa: E731
+    tree_vs_chain = lambda k, drv="scheduler": get("tree", drv, k) / get("chain", drv, k)  # noqa: E731
+    speedup = lambda shape, over="": (  # noqa: E731
+        get(shape, f"scheduler{over}", "leaves_per_s") / get(shape, f"lockstep{over}", "leaves_per_s")
+    )
     return {
-        "tree_vs_chain_wall_per_leaf": get("tree", "scheduler", "wall_per_leaf_s")
-        / get("chain", "scheduler", "wall_per_leaf_s"),
-        "tree_vs_chain_decoded_per_leaf": get("tree", "scheduler", "decoded_per_leaf")
-        / get("chain", "scheduler", "decoded_per_leaf"),
-        "scheduler_speedup_vs_lockstep": get("tree", "scheduler", "leaves_per_s")
-        / get("tree", "lockstep", "leaves_per_s"),
-        "chain_scheduler_speedup_vs_lockstep": get("chain", "scheduler", "leaves_per_s")
-        / get("chain", "lockstep", "leaves_per_s"),
-        "scheduler_speedup_vs_lockstep_http": get("tree", "scheduler_http", "leaves_per_s")
-        / get("tree", "lockstep_http", "leaves_per_s"),
-        "chain_scheduler_speedup_vs_lockstep_http": get("chain", "scheduler_http", "leaves_per_s")
-        / get("chain", "lockstep_http", "leaves_per_s"),
-        "tree_vs_chain_wall_per_leaf_http": get("tree", "scheduler_http", "wall_per_leaf_s")
-        / get("chain", "scheduler_http", "wall_per_leaf_s"),
+        "tree_vs_chain_wall_per_leaf": tree_vs_chain("wall_per_leaf_s"),
+        "tree_vs_chain_decoded_per_leaf": tree_vs_chain("decoded_per_leaf"),
+        "scheduler_speedup_vs_lockstep": speedup("tree"),
+        "chain_scheduler_speedup_vs_lockstep": speedup("chain"),
+        "scheduler_speedup_vs_lockstep_http": speedup("tree", "_http"),
+        "chain_scheduler_speedup_vs_lockstep_http": speedup("chain", "_http"),
+        "tree_vs_chain_wall_per_leaf_http": tree_vs_chain("wall_per_leaf_s", "scheduler_http"),
         "tree_leaves_per_s": get("tree", "scheduler", "leaves_per_s"),
         "chain_leaves_per_s": get("chain", "scheduler", "leaves_per_s"),
         "prefill_fraction_of_rollout": get("tree", "scheduler", "fraction_append"),
