@@ -199,7 +199,7 @@ def _phase_widths(b: int, shrink_to: int) -> list[int]:
 
     Up to `_FINE_MAX_ROWS` rows, every next smaller 2^k or 3·2^(k-1): a step is at most a third
     narrower, so an ended row rides along for at most a third of a phase (halving let it be half;
-    the finer ladder cut a tree rollout's row-steps by 7 %). Wider calls halve: every phase traces
+    the finer ladder cut a tree rollout's row-steps by 6 %). Wider calls halve: every phase traces
     the decode step once more (~0.8 s of compile each here), and a wide call (an evaluation's
     hundreds of rows) would take twice the phases for the same gain.
     """
@@ -377,8 +377,8 @@ class Engine:
     beforehand, so a scheduler can wait for pages instead.
 
     `shrink_to`: inside a decode call, once the rows still generating fit the next narrower
-    width (2^k or 3·2^(k-1), at most a third narrower), they go on at that width, down to
-    `shrink_to` rows (0: rows stay to the call's end).
+    width (up to 64 rows: the next 2^k or 3·2^(k-1), at most a third narrower; wider calls:
+    half), they go on at that width, down to `shrink_to` rows (0: rows stay to the call's end).
     """
 
     def __init__(
