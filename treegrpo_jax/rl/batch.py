@@ -145,6 +145,9 @@ class BatchLayout:
       row_multiple: rows per micro-batch are `row_multiple · 2^k` (make it a multiple of the
         mesh's data × fsdp size so rows shard evenly).
       split_groups: allow a prompt's rows to straddle mini-batches (off: groups stay whole).
+      shape_waste: a step's batch is padded up to a shape the run has already compiled when
+        that costs at most this factor in token slots (`shapes.ShapeSet`); 1 pads only the
+        tables (free), so a new (rows, length) pair always compiles.
     """
 
     num_minibatches: int = 1
@@ -153,6 +156,7 @@ class BatchLayout:
     row_multiple: int = 8
     split_groups: bool = False
     kind: LayoutKind | str = LayoutKind.PACKED  # a name is parsed in __post_init__
+    shape_waste: float = 2.0
 
     def __post_init__(self):
         try:
@@ -170,6 +174,8 @@ class BatchLayout:
                 f"BatchLayout.length_buckets must be strictly ascending ints ≥ 2, got {self.length_buckets}"
             )
         object.__setattr__(self, "length_buckets", buckets)
+        if not (isinstance(self.shape_waste, int | float) and self.shape_waste >= 1.0):
+            raise ValueError(f"BatchLayout.shape_waste must be a number ≥ 1, got {self.shape_waste!r}")
 
 
 def rows_from_trees(trees: Iterable[Tree]) -> list[PathRow]:

@@ -242,12 +242,18 @@ def _first_fit_decreasing(lengths: Sequence[int], cap: int) -> list[list[int]]:
     return bins
 
 
-def key_blocks(segment: np.ndarray, span_end: np.ndarray, block: int) -> np.ndarray:
+def key_blocks(
+    segment: np.ndarray, span_end: np.ndarray, block: int, *, slots: int | None = None
+) -> np.ndarray:
     """Per row `[..., T]`, the key blocks each query block needs: `[..., T/block, J]`, -1 padded.
 
     Key j is seen by the queries [j, span_end[j]) of its tree, so key block m is needed by the
     query blocks m .. max over its tokens of (span_end − 1) // block: a contiguous range, no
-    [T, T] mask. J (slots per query block) is rounded up to a multiple of NQ/8 (≤ 8 shapes).
+    [T, T] mask. J (slots per query block) is rounded up to a multiple of NQ/8 (≤ 8 shapes),
+    or is `slots` when given (a shape already compiled: `shapes.ShapeSet`).
+
+    Raises:
+      ValueError: `slots` is fewer than some query block needs, or more than T/block.
     """
     *lead, t = segment.shape
     nq = t // block
@@ -255,8 +261,13 @@ def key_blocks(segment: np.ndarray, span_end: np.ndarray, block: int) -> np.ndar
     last = np.where(seg > 0, (span_end.reshape(-1, nq, block) - 1) // block, -1).max(-1)  # [R, NK]
     q, m = np.arange(nq)[:, None], np.arange(nq)[None, :]
     need = (m <= q) & (q <= last[:, None, :])  # [R, NQ, NK]
+    most = int(need.sum(-1).max())
     step = max(1, nq // 8)
-    j = min(nq, max(1, -(-int(need.sum(-1).max()) // step) * step))
+    j = min(nq, max(1, -(-most // step) * step))
+    if slots is not None:
+        if not most <= slots <= nq:
+            raise ValueError(f"key_blocks: {slots} slots per query block; the rows need {most} of {nq}")
+        j = slots
     order = np.argsort(~need, axis=-1, kind="stable")[..., :j]  # needed blocks first, ascending
     listed = np.take_along_axis(need, order, axis=-1)
     return np.where(listed, order, -1).astype(np.int32).reshape(*lead, nq, j)

@@ -44,6 +44,7 @@ from treegrpo_jax.rl.batch import (
     shard_batch,
 )
 from treegrpo_jax.rl.layouts import batch_from_trees
+from treegrpo_jax.rl.shapes import ShapeSet, pad_path_batch
 from treegrpo_jax.rollout.agent import AgentConfig, AgentEnv
 from treegrpo_jax.rollout.engine import Engine
 from treegrpo_jax.rollout.tree import Tree
@@ -105,53 +106,45 @@ def global_prompt_ids(rows: Sequence[PathRow], offset: int) -> list[PathRow]:
     return [dataclasses.replace(r, prompt_id=r.prompt_id + offset) for r in rows]
 
 
-def _pad_batch(batch: PathBatch, rows: int, seq_len: int) -> PathBatch:
-    """Pads a host batch `[n_mini, n_micro, b, T]` to `b=rows`, `T=seq_len` (padding rows are inert)."""
-    *lead, b = batch.row_shape
-    t = batch.seq_len
-    if (b, t) == (rows, seq_len):
-        return batch
-    fill = {"prompt_id": -1, "tree_id": -1}
-
-    def pad(name, x):
-        x = np.asarray(x)
-        widths = [(0, 0)] * len(lead) + [(0, rows - b)]
-        if x.ndim == len(lead) + 2:
-            widths.append((0, seq_len - t))
-        return np.pad(x, widths, constant_values=fill.get(name, 0))
-
-    out = {f.name: pad(f.name, getattr(batch, f.name)) for f in dataclasses.fields(PathBatch)}
-    out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), out["tokens"].shape).copy()
-    return PathBatch(**out)
-
-
-def step_batch(trees: Sequence[Tree], layout: BatchLayout, mesh: Mesh | None, first_prompt: int):
+def step_batch(
+    trees: Sequence[Tree],
+    layout: BatchLayout,
+    mesh: Mesh | None,
+    first_prompt: int,
+    shapes: ShapeSet | None = None,
+):
     """The step's global batch from this host's trees, in `layout.kind` (`rl.layouts` registry).
 
     One process: `batch_from_trees` placed on the mesh. Several: path rows only (packed trees
     keep one host's leaf tables), prompt ids made global, each host's rows a block of the batch.
+    `shapes` (the run's compiled shapes) pads the batch up to one of them when that is cheap.
     """
     if jax.process_count() == 1:
-        return shard_batch(batch_from_trees(trees, layout), mesh)
+        batch = batch_from_trees(trees, layout)
+        return shard_batch(shapes.fit(batch) if shapes else batch, mesh)
     if layout.kind != LayoutKind.PATHS:
         raise ValueError("several JAX processes train on path rows: use rl.layout='paths'")
-    return place_batch(build_batch(global_prompt_ids(rows_from_trees(trees), first_prompt), layout), mesh)
+    rows = global_prompt_ids(rows_from_trees(trees), first_prompt)
+    return place_batch(build_batch(rows, layout), mesh, shapes)
 
 
-def place_batch(batch: PathBatch, mesh: Mesh | None) -> PathBatch:
+def place_batch(batch: PathBatch, mesh: Mesh | None, shapes: ShapeSet | None = None) -> PathBatch:
     """Puts this host's rows into the step's global batch (`shard_batch` with one process).
 
-    Hosts agree on the largest row count and length bucket, pad to them, and each host's
-    rows become the p-th block of the global rows axis.
+    Hosts agree on the largest row count and length bucket, pad to them (then to a compiled
+    shape of `shapes`, the same on every host), and each host's rows become the p-th block of
+    the global rows axis.
     """
     if jax.process_count() == 1:
-        return shard_batch(batch, mesh)
+        return shard_batch(shapes.fit(batch) if shapes else batch, mesh)
     if mesh is None:
         raise ValueError("several JAX processes need a mesh over all their devices")
     *lead, b = batch.row_shape
     sizes = multihost_utils.process_allgather(np.asarray([b, batch.seq_len], np.int32))
     b_max, t_max = (int(v) for v in np.asarray(sizes).reshape(-1, 2).max(axis=0))
-    batch = _pad_batch(batch, b_max, t_max)
+    batch = pad_path_batch(batch, b_max, t_max)
+    if shapes is not None:
+        batch = shapes.fit(batch)
     shardings = batch_shardings(mesh, row_dims=len(lead) + 1)
     n = jax.process_count()
 

@@ -29,7 +29,9 @@ from treegrpo_jax.data.loader import LoaderConfig, RowLoader
 from treegrpo_jax.env.retrieval import RetrieverUnavailableError
 from treegrpo_jax.parallel.mesh import make_mesh
 from treegrpo_jax.rl.batch import LayoutKind
+from treegrpo_jax.rl.mechanism import mechanism_metrics
 from treegrpo_jax.rl.packed import PackedBatch
+from treegrpo_jax.rl.shapes import ShapeSet
 from treegrpo_jax.rl.train_state import create_train_state
 from treegrpo_jax.rl.train_step import jit_train_step
 from treegrpo_jax.rollout.render import render_trees
@@ -38,7 +40,7 @@ from treegrpo_jax.train import multihost, process_stats, setup
 from treegrpo_jax.train.breakdown import classify, outcome_counts, write_breakdown
 from treegrpo_jax.train.checkpoint import CheckpointConfig, Checkpointer
 from treegrpo_jax.train.cold_start import ColdStartCancelled, cold_start
-from treegrpo_jax.train.compile_clock import compile_seconds
+from treegrpo_jax.train.compile_clock import compile_count, compile_seconds
 from treegrpo_jax.train.config import ModelSource, TrainConfig
 from treegrpo_jax.train.config_dict import check_run_config
 from treegrpo_jax.train.evaluate import format_table, leaf_metrics
@@ -150,6 +152,9 @@ class Trainer:
         # Packed trees keep one host's leaf tables: several processes train on path rows (same update).
         kind = cfg.layout.kind if jax.process_count() == 1 else LayoutKind.PATHS
         self.layout = dataclasses.replace(cfg.layout, kind=kind)
+        # The batch shapes the train step has been compiled for: a step pads up to one of them
+        # when that is cheap rather than compile again (`rl.shapes`).
+        self.shapes = ShapeSet(self.layout.shape_waste)
         self.engine = None
         self.shardings = None
         self.faults: dict[str, int] = {}
@@ -330,7 +335,7 @@ class Trainer:
         """Step `run.step + 1`: this host's prompts → trees → the update; returns the new position,
         the step's metrics (reduced over hosts) and this host's trees."""
         cfg, step = self.cfg, run.step
-        t0, compiled0 = time.perf_counter(), compile_seconds()
+        t0, compiled0, compiles0 = time.perf_counter(), compile_seconds(), compile_count()
         before = RunState(run.state, step, {"loader": self.loader.get_state()}, None)  # checkpoint `step`
         rows = next(self.loader)
         first_prompt = jax.process_index() * len(rows)  # this host's first prompt of the step
@@ -361,7 +366,7 @@ class Trainer:
             self._stop_for_sigterm(before)
         t1 = time.perf_counter()
         with region("batch"):
-            batch = multihost.step_batch(trees, self.layout, self.mesh, first_prompt)
+            batch = multihost.step_batch(trees, self.layout, self.mesh, first_prompt, self.shapes)
         with region("update"):
             state, train_metrics = step_fn(run.state, batch, run.reference)
             # The next rollout samples from the updated policy (the same arrays on one process).
@@ -376,6 +381,10 @@ class Trainer:
         host["time/rollout_s"], host["time/update_s"], host["time/step_s"] = t1 - t0, t2 - t1, t2 - t0
         # New batch shapes recompile the step; this is how much of the step that was.
         host["time/compile_s"] = compile_seconds() - compiled0
+        host["time/compiles"] = float(compile_count() - compiles0)
+        host["batch/shapes"] = float(len(self.shapes.shapes))  # train-step shapes compiled so far
+        # Why the step learns or not: how much of it carries a non-zero advantage (`rl.mechanism`).
+        host.update(mechanism_metrics(trees, cfg.loss.estimator, cfg.loss.credit))
         now = setup.retriever_faults(self.retriever)  # this step's retries, timeouts, bad bodies, ...
         host.update({f"rollout/retriever_{k}": float(now[k] - self.faults[k]) for k in now})
         self.faults = now
