@@ -210,6 +210,13 @@ def _record(
         "wall_s": wall,
         "root_picks": total("rollout/root_picks"),
         "picks": total("rollout/picks"),
+        "compile_s": total("time/compile_s"),
+        "compiles": total("time/compiles"),
+        # Means over the run's steps of the mechanism metrics (`rl/mechanism.py`): why it learned.
+        "mechanism": {
+            k.removeprefix("mechanism/"): statistics.mean(r[k] for r in train if k in r)
+            for k in sorted({k for r in train for k in r if k.startswith("mechanism/")})
+        },
     }
 
 

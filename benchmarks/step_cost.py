@@ -43,6 +43,24 @@ CASES = {
 TIMES = ("time/step_s", "time/rollout_s", "time/update_s", "time/compile_s", "time/compiles")
 
 
+def _every_shape_class():
+    from treegrpo_jax.rl.shapes import ShapeSet, shape_of
+
+    class EveryShape(ShapeSet):
+        """Compiles every new batch shape (what a run did before shapes were reused)."""
+
+        def fit(self, batch):
+            if shape_of(batch) not in self.shapes:
+                self.shapes.append(shape_of(batch))
+            return batch
+
+    return EveryShape
+
+
+def _EveryShape():  # noqa: N802  (a factory: the package is imported after sys.path is set)
+    return _every_shape_class()()
+
+
 def _case_trainer(name: str, variant: str, sc, cold: str, seed: int, steps: int, reuse: bool):
     from treegrpo_jax.rl.train_step import jit_train_step
     from treegrpo_jax.train.trainer import Trainer
@@ -51,7 +69,7 @@ def _case_trainer(name: str, variant: str, sc, cold: str, seed: int, steps: int,
     budget_sweep._seed_workdir(cold, wd)
     trainer = Trainer(budget_sweep._config(variant, sc, seed=seed, steps=steps), wd)
     if not reuse:
-        trainer.shapes = None
+        trainer.shapes = _EveryShape()
     run, _ = trainer.start()
     cfg = trainer.cfg
     step_fn = jit_train_step(

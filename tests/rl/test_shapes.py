@@ -95,6 +95,9 @@ def test_shape_set_never_shrinks_and_keeps_new_shapes():
         pad_to(b, shape_of(a))
     with pytest.raises(ValueError, match="max_waste"):
         ShapeSet(max_waste=0.5)
+    again = ShapeSet(max_waste=2.0)  # a resumed run: the checkpoint's shape list
+    again.set_state(shapes.get_state())
+    assert again.shapes == shapes.shapes and shape_of(again.fit(c)) == shape_of(b)
 
 
 def test_key_block_slots_too_few_is_an_error():

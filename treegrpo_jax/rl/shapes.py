@@ -141,6 +141,13 @@ class ShapeSet:
         self.max_waste = max_waste
         self.shapes: list[BatchShape] = []
 
+    def get_state(self) -> list[list[int]]:
+        """The shapes in the order they joined (JSON for a checkpoint)."""
+        return [list(dataclasses.astuple(s)) for s in self.shapes]
+
+    def set_state(self, state: list[list[int]]) -> None:
+        self.shapes = [BatchShape(*map(int, s)) for s in state]
+
     def fit(self, batch: PathBatch | PackedBatch) -> PathBatch | PackedBatch:
         """`batch` padded to the cheapest known shape that holds it within `max_waste`, or as it is
         (its shape then joins the set)."""

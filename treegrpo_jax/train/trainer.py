@@ -174,6 +174,11 @@ class Trainer:
             kv_cache=cfg.kv_cache,
         )
 
+    def _host_state(self) -> dict:
+        """What a checkpoint keeps besides the arrays: the loader's position and the compiled batch
+        shapes (a resumed run pads its batches exactly as the uninterrupted run would)."""
+        return {"loader": self.loader.get_state(), "shapes": self.shapes.get_state()}
+
     def _check_run_config(self) -> None:
         """A resume runs the config its checkpoints were trained with (WORKDIR/config.json)."""
         changes = check_run_config(
@@ -299,9 +304,7 @@ class Trainer:
             reference = None
             if cfg.loss.uses_reference:  # the frozen KL reference: saved once, beside the checkpoints
                 reference = jax.tree.map(jnp.copy, state.params)
-            run = RunState(
-                state=state, step=0, extra={"loader": self.loader.get_state()}, reference=reference
-            )
+            run = RunState(state=state, step=0, extra=self._host_state(), reference=reference)
             self.engine = self._make_engine(state)
             self.writer.truncate_after(-1)  # a run killed before its first checkpoint starts its log afresh
             self._evaluate_or_stop(run)  # EM after the cold start
@@ -318,6 +321,8 @@ class Trainer:
             self.engine = self._make_engine(state)
             log.info("resumed from step %d", latest)
         self.loader.set_state(run.extra["loader"])
+        # Older checkpoints have no shape list: the run then starts a new one (only padding differs).
+        self.shapes.set_state(run.extra.get("shapes", []))
         final_eval: dict[str, float] = {}
         if run.extra.get("eval_pending"):  # a retriever outage or SIGTERM stopped this step's evaluation
             try:
@@ -336,7 +341,7 @@ class Trainer:
         the step's metrics (reduced over hosts) and this host's trees."""
         cfg, step = self.cfg, run.step
         t0, compiled0, compiles0 = time.perf_counter(), compile_seconds(), compile_count()
-        before = RunState(run.state, step, {"loader": self.loader.get_state()}, None)  # checkpoint `step`
+        before = RunState(run.state, step, self._host_state(), None)  # checkpoint `step`
         rows = next(self.loader)
         first_prompt = jax.process_index() * len(rows)  # this host's first prompt of the step
         base_uid = step * cfg.run.prompts_per_step + first_prompt
@@ -403,7 +408,7 @@ class Trainer:
         )
         # This process's memory, threads, files, mappings and programs (the primary's are logged).
         metrics.update(process_stats.sample())
-        done = RunState(state, step + 1, {"loader": self.loader.get_state()}, run.reference)
+        done = RunState(state, step + 1, self._host_state(), run.reference)
         return done, metrics, trees
 
     # ------------------------------------------------------------------ run
