@@ -361,3 +361,22 @@ def test_layout_errors():
     trees[0].leaves()[0].reward = None
     with pytest.raises(ValueError, match="has no reward"):
         build_packed_batch(trees, BatchLayout(length_buckets=(128,)))
+
+
+@pytest.mark.parametrize("row_multiple", [1, 2, 8])
+def test_packing_takes_the_row_length_with_the_fewest_slots(row_multiple):
+    """The chosen T needs no more slots than any single length bucket forced alone (the reference:
+    a layout whose only bucket is that T), and as few as the best of them."""
+    trees = _forest(seed=5)
+    buckets = (32, 48, 64, 96, 128, 256)
+    layout = BatchLayout(
+        num_minibatches=2, num_microbatches=1, length_buckets=buckets, row_multiple=row_multiple
+    )
+    longest = max(len(r.tokens) for r in rows_from_trees(trees))
+    slots = {}
+    for t in (b for b in buckets if b >= longest):
+        forced = build_packed_batch(trees, dataclasses.replace(layout, length_buckets=(t,)))
+        slots[t] = forced.tokens.size
+    got = build_packed_batch(trees, layout)
+    assert got.tokens.size == min(slots.values())
+    assert got.seq_len == max(t for t, n in slots.items() if n == min(slots.values()))  # ties: longer rows

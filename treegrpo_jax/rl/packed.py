@@ -13,15 +13,18 @@ obs_tokens` followed by its children's subtrees (children in creation order). Pe
 Per block of ATTENTION_BLOCK tokens, `key_blocks` lists the key blocks its queries may see
 (−1: unused slot): the step attends only to those (`logprobs.tree_block_mask`), so a row of
 T tokens costs about T × path length, not T², in attention.
-A tree longer than the largest length bucket, or one whose leaves the mini-batch split
+A tree longer than T, or one whose leaves the mini-batch split
 separates (`split_groups`), becomes several units, each the union of the paths of some of its
 leaves; a prefix shared across units then appears once per unit — still exact, because a
 token only sums over the leaves of its own unit.
 
-Units are placed first-fit-decreasing into rows of T tokens (T: the smallest length bucket
-that holds the largest unit), per mini-batch, and rows are dealt round-robin to micro-batches
-(b = row_multiple · 2^k, as for paths). Mini-batches hold exactly the leaves the paths layout
-gives them (`batch.split_minibatches`), so both layouts make the same updates.
+Units are placed first-fit-decreasing into rows of T tokens, per mini-batch, and rows are dealt
+round-robin to micro-batches (b = row_multiple · 2^k, as for paths). T is the length bucket
+(at least the longest path) whose packing needs the fewest token slots: with few trees per
+mini-batch, whole trees in long rows would leave most of the row_multiple rows empty, while
+shorter rows split trees into units that fill them (`_fewest_slots`). Mini-batches hold
+exactly the leaves the paths layout gives them (`batch.split_minibatches`), so both layouts
+make the same updates.
 
 Leaves keep `rows_from_trees` order in the leaf table (reward, ids, n_ℓ = model tokens on the
 path, mini-batch); the pair table lists every (leaf, node on its path) — the root holds the
@@ -242,6 +245,35 @@ def _first_fit_decreasing(lengths: Sequence[int], cap: int) -> list[list[int]]:
     return bins
 
 
+def _unit_length(tree: Tree, leaves: Sequence[tuple[int, int]]) -> int:
+    """Tokens of the union of the paths of `leaves` (what `_layout_unit` would lay out)."""
+    keep = {n for _, lid in leaves for n in _path_ids(tree, lid)}
+    return len(tree.prompt_tokens) + sum(_span(tree, n) for n in keep)
+
+
+def _fewest_slots(trees, by_tree_per_mini, lengths: Sequence[int], n_micro: int, row_multiple: int):
+    """The row length T (of `lengths`) whose packing needs the fewest token slots n_micro · b · T.
+
+    A longer T holds whole trees (no prefix repeated across units) but, with few trees per
+    mini-batch, leaves rows empty (b is `row_multiple · 2^k`); a shorter T splits trees into more
+    units that fill the rows. Ties go to the longer T (fewer repeated prefixes). Returns T, b,
+    and per mini-batch its units (tree index, leaves) and their first-fit-decreasing bins.
+    """
+    best = None
+    for t in sorted(lengths, reverse=True):
+        groups_per_mini, bins_per_mini = [], []
+        for by_tree in by_tree_per_mini:
+            groups = [(i, group) for i, ls in by_tree.items() for group in _split_units(trees[i], ls, t)]
+            sizes = [_unit_length(trees[i], group) for i, group in groups]
+            groups_per_mini.append(groups)
+            bins_per_mini.append(_first_fit_decreasing(sizes, t))
+        b = bucket_rows(math.ceil(max(len(bins) for bins in bins_per_mini) / n_micro), row_multiple)
+        if best is None or b * t < best[0] * best[1]:
+            best = (b, t, groups_per_mini, bins_per_mini)
+    b, t, groups_per_mini, bins_per_mini = best
+    return t, b, groups_per_mini, bins_per_mini
+
+
 def key_blocks(
     segment: np.ndarray, span_end: np.ndarray, block: int, *, slots: int | None = None
 ) -> np.ndarray:
@@ -292,7 +324,6 @@ def build_packed_batch(trees: Sequence[Tree], layout: BatchLayout) -> PackedBatc
             leaves.append((i, leaf.node_id))
     if not leaves:
         raise ValueError("build_packed_batch needs at least one leaf")
-    cap = layout.length_buckets[-1]
     n_leaf = len(leaves)
     path_len = np.zeros(n_leaf, np.int64)
     model_tokens = np.zeros(n_leaf, np.float32)
@@ -300,22 +331,26 @@ def build_packed_batch(trees: Sequence[Tree], layout: BatchLayout) -> PackedBatc
         path = trees[i].path(lid)
         path_len[g] = len(trees[i].prompt_tokens) + sum(_span(trees[i], n.node_id) for n in path)
         model_tokens[g] = sum(len(n.tokens) for n in path)
-    bucket_length(int(path_len.max()), layout.length_buckets)  # every path must fit, as for paths
+    shortest = bucket_length(int(path_len.max()), layout.length_buckets)  # every path must fit
 
     minis = split_minibatches([trees[i].prompt_id for i, _ in leaves], layout)
-    units_per_mini: list[list[_Unit]] = []
+    by_tree_per_mini: list[dict[int, list[tuple[int, int]]]] = []
     leaf_mini = np.zeros(n_leaf, np.int32)
     for k, members in enumerate(minis):
         by_tree: dict[int, list[tuple[int, int]]] = {}
         for g in members:
             by_tree.setdefault(leaves[g][0], []).append((g, leaves[g][1]))
             leaf_mini[g] = k
-        groups = [(i, group) for i, ls in by_tree.items() for group in _split_units(trees[i], ls, cap)]
-        units_per_mini.append([_layout_unit(trees[i], group) for i, group in groups])
-    t = bucket_length(max(len(u) for us in units_per_mini for u in us), layout.length_buckets)
-    bins_per_mini = [_first_fit_decreasing([len(u) for u in us], t) for us in units_per_mini]
+        by_tree_per_mini.append(by_tree)
     n_mini, n_micro = layout.num_minibatches, layout.num_microbatches
-    b = bucket_rows(math.ceil(max(len(bins) for bins in bins_per_mini) / n_micro), layout.row_multiple)
+    t, b, groups_per_mini, bins_per_mini = _fewest_slots(
+        trees,
+        by_tree_per_mini,
+        [c for c in layout.length_buckets if c >= shortest],
+        n_micro,
+        layout.row_multiple,
+    )
+    units_per_mini = [[_layout_unit(trees[i], group) for i, group in groups] for groups in groups_per_mini]
 
     shape = (n_mini, n_micro, b, t)
     out = {name: np.zeros(shape, np.int32) for name in ("tokens", "positions", "segment", "span_end", "node")}
