@@ -18,6 +18,8 @@ def _log(workdir, steps, *, eval_every=5, keys=None):
                 "train/reward_mean": 0.2 + 0.6 * step / max(steps) + 0.05 * rng.standard_normal(),
                 "train/tool_calls_mean": 2.4 + 0.6 * step / max(steps),
                 "train/response_tokens_mean": 300 + 2 * step,
+                "mechanism/leaves_nonzero": 0.2 + 0.01 * step,
+                "mechanism/equal_prompt_groups": 0.7 - 0.01 * step,
                 "train/loss": math.nan if step == 3 else 0.1,
             }
             writer.write(step, {k: v for k, v in row.items() if keys is None or k in keys})
@@ -42,6 +44,7 @@ def test_full_metrics_give_every_panel_and_an_overview(tmp_path):
     paths = plot_metrics(_log(tmp_path, range(1, 41)), tmp_path / "plots")
     assert _names(paths) == [
         "em.png",
+        "mechanism.png",
         "overview.png",
         "response_length.png",
         "reward.png",

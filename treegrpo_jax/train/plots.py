@@ -1,6 +1,8 @@
-"""PNG plots of a run's metrics.jsonl: reward, EM, tool calls and response length vs step.
+"""PNG plots of a run's metrics.jsonl: reward, EM, tool calls, response length and the learning
+signal (`mechanism/*`) vs step.
 
-One PNG per panel (`reward.png`, `em.png`, `tool_calls.png`, `response_length.png`) and a
+One PNG per panel (`reward.png`, `em.png`, `tool_calls.png`, `response_length.png`,
+`mechanism.png`) and a
 grid of all of them (`overview.png`). A panel whose metrics were never logged is skipped;
 a single logged point is drawn as a marker. Noisy training curves get a moving average
 drawn over the raw values once there are enough points for it to mean something.
@@ -69,6 +71,18 @@ PANELS: tuple[Panel, ...] = (
         title="Response length",
         ylabel="model-generated tokens",
         keys=("train/response_tokens_mean", "eval/response_tokens_mean"),
+    ),
+    Panel(  # why a step learns or not (`rl/mechanism.py`)
+        name="mechanism",
+        title="Learning signal per step",
+        ylabel="share (%)",
+        keys=(
+            "mechanism/leaves_nonzero",
+            "mechanism/tokens_nonzero",
+            "mechanism/equal_tree_groups",
+            "mechanism/equal_prompt_groups",
+        ),
+        percent=True,
     ),
 )
 

@@ -72,11 +72,13 @@ def write_index(workdir: str, cfg, *, title: str = "Tree-GRPO run") -> str:
     train = [r for r in rows if "train/loss" in r]
     evals = [r for r in rows if "eval/em" in r]
     last_train = (
-        {k: v for k, v in train[-1].items() if k.startswith(("step", "train/", "time/"))} if train else {}
+        {k: v for k, v in train[-1].items() if k.startswith(("step", "train/", "time/", "mechanism/"))}
+        if train
+        else {}
     )
     last_eval = evals[-1] if evals else {}
-    curves = [n for n in ("overview.png", "reward.png", "em.png", "tool_calls.png", "response_length.png")
-              if os.path.isfile(os.path.join(plots, n))]  # fmt: skip
+    names = ("overview.png", "reward.png", "em.png", "tool_calls.png", "response_length.png", "mechanism.png")
+    curves = [n for n in names if os.path.isfile(os.path.join(plots, n))]
     trees = [n for n in (_latest(plots, "train_trees_step"), _latest(plots, "eval_trees_step")) if n]
     config = json.dumps(dataclasses.asdict(cfg), indent=2, default=str) if cfg is not None else "{}"
     em = f"{100 * last_eval['eval/em']:.1f}%" if last_eval else "–"
