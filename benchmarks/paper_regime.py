@@ -38,7 +38,7 @@ import rules_sweep  # noqa: E402  (multihop_em)
 import verdict  # noqa: E402  (paired comparisons with their power)
 
 BASE = "tiny,hard,verdict"
-SPARSE_SFT_STEPS = 300
+SPARSE_SFT_STEPS = 900
 RUNS: dict[str, tuple[str, str]] = {
     name: budget_sweep.RUNS[name]
     for name in (
