@@ -174,29 +174,18 @@ def main(argv=None) -> None:
         out=scratch, prompts_per_step=a.prompts_per_step, eval_prompts=0, base=a.base
     )
     runs = {}
-    for name in a.cases.split(","):
-        variant = CASES[name]
-        runs[name] = _case_trainer(
-            name,
-            variant,
+    for name, reuse in itertools.product(a.cases.split(","), (True, False) if a.noreuse else (True,)):
+        case = name if reuse else f"{name}_noreuse"
+        runs[case] = _case_trainer(
+            case,
+            CASES[name],
             sc,
             a.cold_start,
             a.seed,
             a.warmup + a.steps,
-            reuse=True,
+            reuse=reuse,
             row_multiple=a.row_multiple,
         )
-        if a.noreuse:
-            runs[f"{name}_noreuse"] = _case_trainer(
-                f"{name}_noreuse",
-                variant,
-                sc,
-                a.cold_start,
-                a.seed,
-                a.warmup + a.steps,
-                reuse=False,
-                row_multiple=a.row_multiple,
-            )
     per_step: dict[str, list[dict]] = {name: [] for name in runs}
     warmup: dict[str, list[dict]] = {name: [] for name in runs}
     names = list(runs)
