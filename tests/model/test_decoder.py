@@ -7,8 +7,9 @@ import pytest
 
 from treegrpo_jax.model.build import abstract_model, init_model
 from treegrpo_jax.model.cache import init_cache
-from treegrpo_jax.model.config import QWEN25_3B, QWEN25_7B, ModelConfig, RopeScaling
+from treegrpo_jax.model.config import ModelConfig, RopeScaling
 from treegrpo_jax.model.decoder import causal_mask
+from treegrpo_jax.model.sizes import model_shape
 
 TINY = ModelConfig(
     vocab_size=101,
@@ -106,10 +107,12 @@ def test_bf16_compute_is_close_to_f32():
 
 
 @pytest.mark.parametrize(
-    "spec, billions", [(QWEN25_3B, 3.09), (QWEN25_7B, 7.62)], ids=["qwen2.5-3b", "qwen2.5-7b"]
+    "name, billions",
+    [("qwen2.5-3b", 3.09), ("qwen2.5-7b", 7.62), ("llama3.2-3b", 3.21), ("llama3.1-8b", 8.03)],
 )
-def test_full_size_configs_build_abstractly(spec, billions):
-    cfg = ModelConfig(**spec, param_dtype="bfloat16")
+def test_full_size_configs_build_abstractly(name, billions):
+    # The published parameter counts (3.09B, 7.62B, 3.21B, 8.03B) from the published shapes.
+    cfg = model_shape(name, param_dtype="bfloat16")
     _, state = abstract_model(cfg)  # nnx.eval_shape: no memory
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
     assert n == cfg.num_params

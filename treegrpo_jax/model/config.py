@@ -246,16 +246,3 @@ class ModelConfig:
                 list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0]
             )
         return hf
-
-
-# Published configurations used by `jax.eval_shape` tests and the paper config.
-QWEN25_3B = dict(
-    vocab_size=151_936, embed_dim=2048, mlp_dim=11_008, num_layers=36, num_heads=16, num_kv_heads=2,
-    head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
-    max_position_embeddings=32_768,
-)  # fmt: skip
-QWEN25_7B = dict(
-    vocab_size=152_064, embed_dim=3584, mlp_dim=18_944, num_layers=28, num_heads=28, num_kv_heads=4,
-    head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=False,
-    max_position_embeddings=32_768,
-)  # fmt: skip

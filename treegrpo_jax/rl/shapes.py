@@ -163,3 +163,34 @@ class ShapeSet:
                 continue
         self.shapes.append(need)
         return batch
+
+
+_DTYPES = {"Int": np.int32, "Float": np.float32, "Bool": np.bool_}
+
+
+def abstract_batch(
+    batch_type: type[PathBatch] | type[PackedBatch], lead: tuple[int, ...], shape: BatchShape
+) -> PathBatch | PackedBatch:
+    """A batch of `jax.ShapeDtypeStruct`s: `lead` (`[n_mini, n_micro]`) rows of `shape`, for a
+    compile that allocates nothing. Each field's dtype and dimensions are read from its annotation
+    (`Int[Rows, "... T"]`: int32, `[*lead, b, T]`), so the result has exactly the shapes
+    `pad_to` gives a real batch (tested against it)."""
+    import jax  # noqa: PLC0415  (the host-side padding above needs none of JAX)
+
+    sizes = {
+        "T": shape.t,
+        "L": shape.leaves,
+        "Q": shape.pairs,
+        "N": shape.nodes,
+        "NQ": shape.t // math.gcd(shape.t, ATTENTION_BLOCK),
+        "J": shape.key_slots,
+    }
+    fields = {}
+    for f in dataclasses.fields(batch_type):
+        kind, _, dims = str(f.type).partition("[")
+        dims = dims.split(",", 1)[1].strip(" \"']").split()
+        out = []
+        for d in dims:
+            out += [*lead, shape.b] if d == "..." else [sizes[d]]
+        fields[f.name] = jax.ShapeDtypeStruct(tuple(out), _DTYPES[kind])
+    return batch_type(**fields)

@@ -73,15 +73,35 @@ def create_train_state(
       step's in/out shardings.
     """
     graphdef, params = nnx.split(model)
-    p_shard = param_shardings(params, mesh, rules)
-    params = jax.device_put(params, p_shard)  # a no-op when the model was built in its shardings
+    shardings = train_state_shardings(graphdef, params, cfg, mesh=mesh, rules=rules)
+    params = jax.device_put(params, shardings.params)  # a no-op when the model was built in its shardings
     tx = make_optimizer(cfg, params)
+    o_shard, scalar = shardings.opt_state, shardings.step
+    opt_state = jax.jit(tx.init, out_shardings=o_shard)(params)
+    # Two buffers (step and skipped are donated separately), made in place by jit: a
+    # device_put of a local array onto a mesh spanning several processes is not allowed.
+    zeros = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=scalar)
+    step, skipped = zeros(), zeros()
+    state = TrainState(graphdef=graphdef, params=params, opt_state=opt_state, step=step, skipped=skipped)
+    return state, shardings
+
+
+def train_state_shardings(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    cfg: OptimConfig,
+    *,
+    mesh: Mesh | None,
+    rules: Rules = DEFAULT_RULES,
+) -> TrainState:
+    """The shardings of a train state around `params` (real or abstract): parameters by their
+    logical axes, Adam moments like their parameter, counts and scalars replicated."""
+    p_shard = param_shardings(params, mesh, rules)
     if mesh is None:
         scalar = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     else:
         scalar = NamedSharding(mesh, PartitionSpec())
-
-    abstract_opt = jax.eval_shape(tx.init, params)
+    abstract_opt = jax.eval_shape(make_optimizer(cfg, params).init, params)
     # Adam moments have the params' structure and shard like them; counts are replicated.
     params_def = jax.tree.structure(params)
 
@@ -91,11 +111,34 @@ def create_train_state(
         return jax.tree.map(lambda _: scalar, node)
 
     o_shard = jax.tree.map(opt_shardings, abstract_opt, is_leaf=lambda n: jax.tree.structure(n) == params_def)
-    opt_state = jax.jit(tx.init, out_shardings=o_shard)(params)
-    shardings = TrainState(graphdef=graphdef, params=p_shard, opt_state=o_shard, step=scalar, skipped=scalar)
-    # Two buffers (step and skipped are donated separately), made in place by jit: a
-    # device_put of a local array onto a mesh spanning several processes is not allowed.
-    zeros = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=scalar)
-    step, skipped = zeros(), zeros()
-    state = TrainState(graphdef=graphdef, params=params, opt_state=opt_state, step=step, skipped=skipped)
+    return TrainState(graphdef=graphdef, params=p_shard, opt_state=o_shard, step=scalar, skipped=scalar)
+
+
+def abstract_train_state(
+    graphdef: nnx.GraphDef, params: nnx.State, cfg: OptimConfig, *, mesh: Mesh, rules: Rules = DEFAULT_RULES
+) -> tuple[TrainState, TrainState]:
+    """(state, shardings) with every leaf a `jax.ShapeDtypeStruct` carrying its sharding: what a
+    compile for a target needs, with nothing allocated (`params` from `model.build.abstract_model`)."""
+    shardings = train_state_shardings(graphdef, params, cfg, mesh=mesh, rules=rules)
+    opt = jax.eval_shape(make_optimizer(cfg, params).init, params)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=shardings.step)
+    state = TrainState(
+        graphdef=graphdef,
+        params=with_shardings(params, shardings.params),
+        opt_state=with_shardings(opt, shardings.opt_state),
+        step=scalar,
+        skipped=scalar,
+    )
     return state, shardings
+
+
+def with_shardings(tree, shardings):
+    """`tree` (an nnx.State or any pytree) with each array leaf a `ShapeDtypeStruct` carrying the
+    matching sharding of `shardings` (one per leaf, in order; Variables stay Variables)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    if len(leaves) != len(shards):
+        raise ValueError(f"with_shardings: {len(leaves)} arrays but {len(shards)} shardings")
+    return treedef.unflatten(
+        [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, shards, strict=True)]
+    )

@@ -847,3 +847,48 @@ class Engine:
         """Pushes the host lengths of freed slots to the device (before they are reused)."""
         self.cache = dataclasses.replace(self.cache, lengths=_device(self.lengths, np.int32))
         self._stale_lengths = set()
+
+
+def lower_calls(
+    graphdef,
+    state,
+    cache: KVCache | PagedKVCache,
+    *,
+    rows: int,
+    num_steps: int,
+    chunk: int,
+    attend_len: int,
+    stop_table: stops_lib.StopTable,
+    kernels: Kernels = Kernels.XLA,
+    shrink_to: int = 8,
+) -> dict[str, jax.stages.Lowered]:
+    """The engine's programs lowered for `rows` rows, without running or allocating anything.
+
+    What a compile for a target needs (`treegrpo_jax.aot`): `state` and `cache` may be
+    `ShapeDtypeStruct` trees carrying their shardings. `decode` runs `num_steps` steps attending
+    `attend_len` positions and shrinks as `Engine` does; `append` writes `chunk` tokens per row;
+    `fork` copies `rows` prefixes (the slot layout; the paged layout's fork copies pages).
+    """
+    s, n = cache.lengths.shape[0], rows
+    slots = np.arange(n, dtype=np.int32) % s
+    window = np.zeros((n, stop_table.width), np.uint8)
+    sampling = jax.tree.map(np.asarray, SamplingParams.make(n, temperature=1.0))
+    inputs = _DecodeInputs(
+        slots=slots,
+        pending=np.zeros(n, np.int32),
+        active=np.ones(n, bool),
+        keys=np.zeros((n, 2), np.uint32),
+        sampling=sampling,
+        budget=np.full(n, num_steps, np.int32),
+        eos_ids=np.zeros(1, np.int32),
+        stop_table=jax.tree.map(np.asarray, stop_table),
+        window=window,
+        exit_after=np.int32(n),
+    )
+    static = dict(num_steps=num_steps, attend_len=attend_len, kernels=kernels, shrink_to=shrink_to)
+    out = {"decode": _decode.lower(graphdef, state, cache, inputs, **static)}
+    tokens, lens = np.zeros((n, chunk), np.int32), np.full(n, chunk, np.int32)
+    out["append"] = _append.lower(graphdef, state, cache, tokens, lens, slots, attend_len=attend_len)
+    if isinstance(cache, KVCache):
+        out["fork"] = _fork.lower(cache, slots, (slots + 1) % s, np.full(n, attend_len - 1, np.int32))
+    return out
