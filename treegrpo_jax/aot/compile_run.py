@@ -123,7 +123,8 @@ def main(
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(
-        f"{topology} × {num_slices}: {len(devices)} devices on {targets.hosts(devices)} host(s); {chip.describe()}\n"
+        f"{topology} × {num_slices}: {len(devices)} devices on {targets.hosts(devices)} host(s); "
+        f"{chip.describe()}\n"
         f"model {model_cfg.num_params / 1e9:.2f}B params ({model_cfg.param_dtype} weights, {model_cfg.dtype} "
         f"compute, remat={model_cfg.remat.value}); {cfg.run.prompts_per_step} prompts × "
         f"{cfg.tree.leaves_per_prompt} leaves per step, layout {cfg.layout.kind.value}",

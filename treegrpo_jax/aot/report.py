@@ -135,8 +135,8 @@ def _gib(n: float) -> str:
 def table(reports: list[ProgramReport], phase_reports: list[PhaseReport], chip: Chip) -> str:
     """The report as Markdown tables (programs, then phases against the chip's HBM)."""
     lines = [
-        "| program | args GiB | out GiB | temp GiB | code MiB | live GiB | hand TFLOP | bound ms | calls/step "
-        "| compile s | verdict |",
+        "| program | args GiB | out GiB | temp GiB | code MiB | live GiB | hand TFLOP | bound ms "
+        "| calls/step | compile s | verdict |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in reports:
