@@ -13,6 +13,7 @@ import json
 import sys
 
 import jax
+import numpy as np
 from absl import flags
 from ml_collections import ConfigDict
 
@@ -20,9 +21,11 @@ from treegrpo_jax.aot import targets
 from treegrpo_jax.aot.programs import kv_bytes_per_token, rollout_slots, run_programs
 from treegrpo_jax.aot.report import ProgramReport, compile_program, phases, predicted_step_s, table
 from treegrpo_jax.aot.targets import Chip, GiB
+from treegrpo_jax.model.build import abstract_model
 from treegrpo_jax.model.config import ModelConfig
 from treegrpo_jax.model.sizes import model_shape
 from treegrpo_jax.parallel.mesh import make_mesh
+from treegrpo_jax.rl.train_state import abstract_train_state
 from treegrpo_jax.train.config import ModelSource, TrainConfig, from_config_dict
 from treegrpo_jax.train.config_dict import default_config_dict
 
@@ -33,6 +36,21 @@ def config_dict_from_flags() -> ConfigDict:
         print("error: --config=FILE[:variants] is required", file=sys.stderr)
         sys.exit(2)
     return config
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (its largest shard each)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        total += int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def abstract_opt_state(cfg: TrainConfig, model_cfg: ModelConfig, mesh):
+    graphdef, params = abstract_model(model_cfg)
+    state, _ = abstract_train_state(graphdef, params, cfg.optim, mesh=mesh)
+    return state.opt_state
 
 
 def target_config(config: ConfigDict) -> tuple[TrainConfig, ModelConfig]:
@@ -72,8 +90,7 @@ def compile_all(cfg: TrainConfig, model_cfg: ModelConfig, devices: list, chip: C
     slots = rollout_slots(cfg)
     kv_dtype = "float32" if cfg.model.kv_dtype == "float32" else "bfloat16"
     cache_bytes = slots * cfg.run.context_len * kv_bytes_per_token(model_cfg, kv_dtype)  # replicated
-    param_bytes = model_cfg.num_params * jax.numpy.dtype(model_cfg.param_dtype).itemsize
-    opt_bytes = 2 * param_bytes // len(devices)  # Adam's two moments, sharded like the params
+    opt_bytes = per_device_bytes(abstract_opt_state(cfg, model_cfg, mesh))  # Adam's moments as sharded
     ph = phases(reports, chip, cache_bytes=cache_bytes, opt_bytes=opt_bytes)
     return {
         "mesh": dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)),
