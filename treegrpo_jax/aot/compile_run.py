@@ -107,10 +107,11 @@ def compile_all(cfg: TrainConfig, model_cfg: ModelConfig, devices: list, chip: C
     }
 
 
-def _largest_fitting(cfg: TrainConfig, model_cfg, devices, chip, field: str, phase: str) -> int:
+def _largest_fitting(cfg: TrainConfig, model_cfg, devices, chip, field: str, phase: str, only=()) -> int:
     """Halves `run.<field>` from the config's value until `phase` fits (0: not even 1 fits)."""
     value = getattr(cfg.run, field) or rollout_slots(cfg)
-    only = {"update": ("rl_step",), "rollout": ("decode", "append", "fork")}[phase]
+    mine = {"update": ("rl_step",), "rollout": ("decode", "append", "fork")}[phase]
+    only = tuple(o for o in only if o.startswith(mine)) or mine  # the programs asked for, of that phase
     while value >= 1:
         trial = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, **{field: value}))
         if field == "prompts_per_step" and trial.run.rollout_slots == 0:
@@ -148,15 +149,24 @@ def main(
         flush=True,
     )
     result = compile_all(cfg, model_cfg, devices, chip, only=only)
-    result.update(topology=topology, num_slices=num_slices, chip=dataclasses.asdict(chip))
+    result.update(
+        topology=topology, num_slices=num_slices, hosts=targets.hosts(devices), chip=dataclasses.asdict(chip)
+    )
     print(result.pop("_table"))
     print(f"predicted RL step (roofline bound): {result['predicted_step_s']:.2f} s")
     if not result["fits"] and search:
         found = {}
         for field, phase in (("prompts_per_step", "update"), ("rollout_slots", "rollout")):
             if any(p["phase"] == phase and not p["fits"] for p in result["phases"]):
-                found[field] = _largest_fitting(cfg, model_cfg, devices, chip, field, phase)
+                found[field] = _largest_fitting(cfg, model_cfg, devices, chip, field, phase, only)
                 print(f"largest run.{field} whose {phase} fits: {found[field]}")
+        if all(found.values()):  # the two together, compiled once more: the plan that fits
+            run = dataclasses.replace(cfg.run, rollout_slots=rollout_slots(cfg), **found)
+            print(f"the run with {found}:", flush=True)
+            plan = compile_all(dataclasses.replace(cfg, run=run), model_cfg, devices, chip, only=only)
+            print(plan.pop("_table"))
+            print(f"predicted RL step (roofline bound): {plan['predicted_step_s']:.2f} s")
+            found["plan"] = plan
         result["largest_fitting"] = found
     if json_path:
         result.pop("_table", None)

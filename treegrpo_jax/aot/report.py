@@ -51,7 +51,8 @@ class ProgramReport:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
 
 
-_NEEDED = re.compile(r"required for HLO temporaries \(([\d.]+)([GM])\)")
+_NEEDED = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\)")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def compile_program(p: Program, chip: Chip, num_devices: int) -> ProgramReport:
@@ -74,7 +75,7 @@ def compile_program(p: Program, chip: Chip, num_devices: int) -> ProgramReport:
         report = ProgramReport(compiled=False, error=first, **base)
         m = _NEEDED.search(first)
         if m:  # the temporaries it asked for: still a number for the table
-            report.temp_bytes = int(float(m.group(1)) * (GiB if m.group(2) == "G" else 2**20))
+            report.temp_bytes = int(float(m.group(1)) * _UNITS[m.group(2)])
         report.compile_s = time.perf_counter() - t0
         return report
     mem = compiled.memory_analysis()
