@@ -352,6 +352,37 @@ def test_train_step_packed_equals_paths(tiny_model, credit):
     assert m_a["ratio_max"] > 1.0 + 1e-5 or m_a["ratio_min"] < 1.0 - 1e-5  # mini-batch 1 moved
 
 
+@pytest.mark.parametrize("kind", ["paths", "packed"])
+def test_attention_in_query_chunks_trains_like_all_queries_at_once(tiny_model, kind):
+    """`attention_chunk` (queries 64 at a time, each chunk recomputed in the backward): the dense
+    path (path rows on CPU) and the block-sparse path (packed trees) update the parameters, and
+    log the metrics, of the unchunked step."""
+    trees = _forest(seed=7)
+    optim = OptimConfig(learning_rate=1e-3, warmup_ratio=0.0, total_steps=10, eps=1e-3)
+    loss_cfg = LossConfig(kl_coef=0.0, entropy_coef=0.01)
+    layout = BatchLayout(num_minibatches=2, length_buckets=(128,), row_multiple=2, kind=kind)
+    step = jit_train_step(None, loss_cfg=loss_cfg, optim_cfg=optim, logprob_chunk=8)
+    batch = batch_from_trees(trees, layout)
+    assert batch.tokens.shape[-1] == 128  # two chunks of 64 queries (packed: of one 64-token block)
+    out = {}
+    for chunk in (0, 64):
+        graphdef, params = nnx.split(tiny_model)
+        model = nnx.merge(graphdef, jax.tree.map(jnp.copy, params))  # the step donates its state
+        model.cfg = model.cfg.replace(attention_chunk=chunk)
+        state = create_train_state(model, optim)[0]
+        out[chunk] = compile_fast(step, state, batch, None)(state, batch, None)
+    (s_a, m_a), (s_b, m_b) = out[0], out[64]
+    for a, b in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+    moved = max(
+        float(np.abs(a - b).max())
+        for a, b in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(nnx.state(tiny_model)), strict=True)
+    )
+    assert moved > 1e-4  # the step did update the parameters
+    for key in m_a:
+        np.testing.assert_allclose(m_b[key], m_a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 def test_layout_errors():
     with pytest.raises(ValueError, match="BatchLayout.kind"):
         BatchLayout(kind="tree")

@@ -64,7 +64,12 @@ def target_config(config: ConfigDict) -> tuple[TrainConfig, ModelConfig]:
         c.model.path = "smollm2"  # a name the config accepts without a file; the shape comes from `spec`
     cfg = from_config_dict(c)
     dtype = "bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype
-    common = dict(dtype=dtype, param_dtype=cfg.model.param_dtype, remat=cfg.model.remat)
+    common = dict(
+        dtype=dtype,
+        param_dtype=cfg.model.param_dtype,
+        remat=cfg.model.remat,
+        attention_chunk=cfg.model.attention_chunk,
+    )
     if cfg.model.source == ModelSource.PRETRAINED:
         if not spec:
             raise ValueError("config.model.path is empty: name a size (e.g. qwen2.5-3b) or an HF directory")

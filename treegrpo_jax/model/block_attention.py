@@ -42,7 +42,9 @@ class BlockMask:
 def block_sparse_attention(q_BTHD: ArrayLike, k_BKTD: ArrayLike, v_BKTD: ArrayLike, mask: BlockMask) -> Array:
     """Grouped-query attention over the listed key blocks; returns `[B, T, H, D]`.
 
-    Keys and values come head-major (`[B, K, T, D]`, the decoder's layout).
+    Keys and values come head-major (`[B, K, T, D]`, the decoder's layout). The queries may be a
+    run of whole query blocks of the keys' rows (`mask` then lists those blocks only): what
+    `decoder.attention_chunk` computes one chunk at a time.
     """
     b, t, h, d = q_BTHD.shape
     k_heads = k_BKTD.shape[1]
@@ -52,8 +54,8 @@ def block_sparse_attention(q_BTHD: ArrayLike, k_BKTD: ArrayLike, v_BKTD: ArrayLi
     rows = jnp.arange(b)[:, None, None]
     idx = jnp.maximum(mask.key_blocks, 0)
     # Advanced indices on axes 0 and 2 around a slice: the gathered blocks come [B, NQ, J, K, C, D].
-    k = k_BKTD.reshape(b, k_heads, nq, c, d)[rows, :, idx]
-    v = v_BKTD.reshape(b, k_heads, nq, c, d)[rows, :, idx]
+    k = k_BKTD.reshape(b, k_heads, -1, c, d)[rows, :, idx]
+    v = v_BKTD.reshape(b, k_heads, -1, c, d)[rows, :, idx]
     scores = jnp.einsum("bnqkgd,bnjkud->bkgnqju", q, k, preferred_element_type=jnp.float32)
     scores = (scores * (d**-0.5)).reshape(*scores.shape[:5], j * c)
     # An added bias rather than a select: the backward then keeps no mask-shaped residual.

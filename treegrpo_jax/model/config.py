@@ -81,6 +81,11 @@ class ModelConfig:
       bos_token_id / eos_token_ids: from the checkpoint, for generation.
       remat: what training keeps per layer for the backward pass (`Remat`); a training-time
         choice, not part of the checkpoint: it changes memory and time, never the numbers.
+      attention_chunk: full-sequence attention computes its queries this many tokens at a time,
+        each chunk recomputed in the backward (0: all at once). Scores then take
+        `chunk × T` per row and head instead of `T × T`: what lets 4,096-token rows train where
+        HBM is 16 GiB. A training-time choice like `remat` (numbers equal up to float rounding);
+        used when it divides T (and, for packed trees, is a multiple of their 64-token blocks).
     """
 
     vocab_size: int
@@ -101,6 +106,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: Sequence[int] = ()  # any sequence (a JSON list); stored as a tuple
     remat: Remat | str = Remat.NONE  # a name is parsed in __post_init__
+    attention_chunk: int = 0
 
     def __post_init__(self):
         for name in (
@@ -129,6 +135,9 @@ class ModelConfig:
         if self.remat not in set(Remat):
             raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {[r.value for r in Remat]}")
         object.__setattr__(self, "remat", Remat(self.remat))
+        chunk = self.attention_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+            raise ValueError(f"ModelConfig.attention_chunk must be an int ≥ 0 (0: off), got {chunk!r}")
 
     @property
     def jnp_param_dtype(self):

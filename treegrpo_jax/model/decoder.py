@@ -197,8 +197,20 @@ class Decoder(nnx.Module):
         a `BlockMask` computes only the key blocks it lists (packed trees); a `CausalMask`
         (left-aligned causal rows) runs the fused kernel (`causal_attention.py`: cuDNN on GPU)."""
         cos, sin = rope.rotary_angles(positions, self._inv_freq)
+        t, chunk = tokens.shape[1], self.cfg.attention_chunk
         if isinstance(mask, BlockMask):
-            attend = lambda q, k, v: block_sparse_attention(q, k, v, mask)  # noqa: E731
+            block = t // mask.key_blocks.shape[1]
+            if chunk and t > chunk and chunk % block == 0 and t % chunk == 0:
+
+                def per_chunk(q, k, v, side):  # one chunk's query blocks and their listed keys
+                    return block_sparse_attention(q, k, v, BlockMask(key_blocks=side[0], visible=side[1]))
+
+                side = (mask.key_blocks, mask.visible)
+                attend = lambda q, k, v: _in_query_chunks(  # noqa: E731
+                    per_chunk, q, k, v, side, lambda s, n: tuple(_chunks(x, 1, n) for x in s), t // chunk
+                )
+            else:
+                attend = lambda q, k, v: block_sparse_attention(q, k, v, mask)  # noqa: E731
         elif isinstance(mask, CausalMask) and causal_implementation(self.cfg.jnp_dtype) != "dense":
             impl = causal_implementation(self.cfg.jnp_dtype)
             # Keys come head-major; the fused kernel takes them sequence-major (the two swaps cancel).
@@ -207,9 +219,14 @@ class Decoder(nnx.Module):
             )
         else:
             if isinstance(mask, CausalMask):  # no fused kernel here: the same mask, dense
-                mask = causal_mask(mask.valid(tokens.shape[1]))
+                mask = causal_mask(mask.valid(t))
             bias = mask_bias(mask)[:, None, None]  # once, not per layer
-            attend = lambda q, k, v: self._attend(q, k, v, bias)  # noqa: E731
+            if chunk and t > chunk and t % chunk == 0:
+                attend = lambda q, k, v: _in_query_chunks(  # noqa: E731
+                    self._attend, q, k, v, bias, lambda x, n: _chunks(x, 3, n), t // chunk
+                )
+            else:
+                attend = lambda q, k, v: self._attend(q, k, v, bias)  # noqa: E731
 
         def layer(x, p):
             q, k, v = self._qkv(p, x, cos, sin)
@@ -369,6 +386,23 @@ class Decoder(nnx.Module):
             attend_len=attend_len,
             kernels=kernels,
         )
+
+
+def _chunks(x: ArrayLike, axis: int, n: int) -> Array:
+    """`x` with its `axis` cut into `n` equal chunks, the chunks leading."""
+    shape = x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1 :]
+    return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+
+def _in_query_chunks(attend, q_BTHD, k_BKUD, v_BKUD, side, split, n: int) -> Array:
+    """`attend(q, k, v, side)` over `n` chunks of the queries (and of `side`, the query-side mask,
+    cut by `split(side, n)`), one at a time, each recomputed in the backward pass: the scores
+    of one chunk exist at a time, forward and backward. Each query row's softmax still spans all
+    of its keys, so the result is the unchunked one up to float rounding."""
+    b, t, h, d = q_BTHD.shape
+    body = jax.checkpoint(lambda xs: attend(xs[0], k_BKUD, v_BKUD, xs[1]), prevent_cse=False)
+    out = jax.lax.map(body, (_chunks(q_BTHD, 1, n), split(side, n)))  # [n, B, T/n, H, D]
+    return jnp.moveaxis(out, 0, 1).reshape(b, t, h, d)
 
 
 def causal_mask(valid: Bool[ArrayLike, "B T"]) -> Bool[Array, "B T T"]:

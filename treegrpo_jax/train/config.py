@@ -64,10 +64,12 @@ class ModelSpec:
     kernels: str = "auto"  # rollout attention + sampling: auto (CPU kernels), xla, native, pallas (paged)
     tokenizer_vocab: int = 2048  # SCRATCH: BPE vocabulary trained on the world's text
     remat: str = "none"  # training backward: none (keep all) | layer (recompute each layer) | dots
+    attention_chunk: int = 0  # training attention: queries this many at a time (0: all; ModelConfig)
 
     def __post_init__(self):
         object.__setattr__(self, "source", _enum(ModelSource, self.source, "model.source"))
         object.__setattr__(self, "remat", _enum(Remat, self.remat, "model.remat"))
+        _check_int("model.attention_chunk", self.attention_chunk, 0, "(0: every query at once)")
         if self.source == ModelSource.PRETRAINED and not self.path:
             raise ValueError(
                 "config.model.path is empty: set --config.model.path=/path/to/hf_checkpoint (or a .gguf)"
@@ -360,7 +362,15 @@ _DATA_EXTENSIONS = (".parquet", ".jsonl")
 _DTYPES = ("float32", "bfloat16", "float16")  # ModelConfig's compute / storage dtypes
 _KV_DTYPES = ("auto", "float32", "bfloat16")  # the rollout engine's stored K/V
 # ModelConfig fields a config file never sets: the tokenizer and the `model` block give them.
-_DERIVED_MODEL_FIELDS = {"vocab_size", "dtype", "param_dtype", "eos_token_ids", "bos_token_id", "remat"}
+_DERIVED_MODEL_FIELDS = {
+    "vocab_size",
+    "dtype",
+    "param_dtype",
+    "eos_token_ids",
+    "bos_token_id",
+    "remat",
+    "attention_chunk",
+}
 
 
 def _check_int(key: str, value, minimum: int, note: str = "") -> None:

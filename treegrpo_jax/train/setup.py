@@ -240,7 +240,9 @@ def make_model(
             cfg.model.path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=dtype
         )
         # Remat is how training runs, not what the checkpoint holds: set it on the loaded model.
-        model_cfg = dataclasses.replace(model_cfg, remat=cfg.model.remat)
+        model_cfg = dataclasses.replace(
+            model_cfg, remat=cfg.model.remat, attention_chunk=cfg.model.attention_chunk
+        )
         model.cfg = model_cfg
         return model, model_cfg, tokenizer
     assert tokenizer is not None
@@ -252,6 +254,7 @@ def make_model(
         eos_token_ids=tokenizer.eos_ids,
         max_position_embeddings=cfg.run.context_len,
         remat=cfg.model.remat,
+        attention_chunk=cfg.model.attention_chunk,
     )
     return init_model(model_cfg, seed=cfg.run.seed, mesh=mesh), model_cfg, tokenizer
 
