@@ -4,8 +4,8 @@ multi-host v5e-16 by the TPU compiler on this CPU host (`treegrpo-compile`, one 
     python benchmarks/tpu_plans.py --out=docs/benchmarks/tpu [--rows=3b_v5e8,...]
 
 Every row is `configs/multihop.py` (512 prompts × (2,2,1) trees, 64-prompt mini-batches, buckets
-up to 4,096 tokens) with per-layer remat and the weights and Adam moments sharded over all chips
-(FSDP: `mesh.shape=1,-1,1`), compiled at its largest bucket with the engine's programs; `--search`
+up to 4,096 tokens) with per-layer remat, attention in 512-query chunks and the weights and Adam
+moments sharded over all chips (FSDP: `mesh.shape=1,-1,1`), compiled at its largest bucket with the engine's programs; `--search`
 halves `run.prompts_per_step` / `run.rollout_slots` until each phase fits. Writes one JSON per row
 and `plans.md` (the table of docs/tpu.md).
 """
@@ -23,7 +23,8 @@ COMMON = [
     "--config=configs/multihop.py",
     "--config.model.remat=layer",
     "--config.mesh.shape=1,-1,1",
-    "--programs=rl_step T=4096,decode,append,fork",
+    "--config.model.attention_chunk=512",
+    "--programs=rl_step T=4096,decode,fork",
     "--search",
 ]
 TOPOLOGIES = {

@@ -18,7 +18,7 @@ from absl import flags
 from ml_collections import ConfigDict
 
 from treegrpo_jax.aot import targets
-from treegrpo_jax.aot.programs import kv_bytes_per_token, rollout_slots, run_programs
+from treegrpo_jax.aot.programs import kv_bytes_per_token, rollout_slots, rows_per_micro, run_programs
 from treegrpo_jax.aot.report import ProgramReport, compile_program, phases, predicted_step_s, table
 from treegrpo_jax.aot.targets import Chip, GiB
 from treegrpo_jax.model.build import abstract_model
@@ -117,12 +117,17 @@ def _largest_fitting(cfg: TrainConfig, model_cfg, devices, chip, field: str, pha
     value = getattr(cfg.run, field) or rollout_slots(cfg)
     mine = {"update": ("rl_step",), "rollout": ("decode", "append", "fork")}[phase]
     only = tuple(o for o in only if o.startswith(mine)) or mine  # the programs asked for, of that phase
+    rows = None
     while value >= 1:
         trial = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, **{field: value}))
         if field == "prompts_per_step" and trial.run.rollout_slots == 0:
-            trial = dataclasses.replace(
-                trial, run=dataclasses.replace(trial.run, rollout_slots=rollout_slots(cfg))
-            )
+            run = dataclasses.replace(trial.run, rollout_slots=rollout_slots(cfg))
+            trial = dataclasses.replace(trial, run=run)
+        if field == "prompts_per_step":  # fewer prompts help only while they mean fewer rows
+            if rows_per_micro(trial) == rows:
+                print(f"search: {rows} rows per micro-batch is the least `rl.row_multiple` allows")
+                return 0
+            rows = rows_per_micro(trial)
         print(f"search: run.{field}={value}", flush=True)
         result = compile_all(trial, model_cfg, devices, chip, only=only)
         if all(p["fits"] for p in result["phases"] if p["phase"] == phase):

@@ -81,7 +81,7 @@ def forward_flops(cfg: ModelConfig, tokens: float, keys_per_query: float) -> flo
     return tokens * (2 * matmul_params(cfg) + attention)
 
 
-def _rows_per_micro(cfg: TrainConfig) -> int:
+def rows_per_micro(cfg: TrainConfig) -> int:
     """Path rows of one micro-batch when every leaf of every prompt is a row (`row_multiple·2^k`)."""
     layout = cfg.layout
     leaves = cfg.run.prompts_per_step * cfg.tree.leaves_per_prompt
@@ -109,7 +109,7 @@ def rl_programs(cfg: TrainConfig, model_cfg: ModelConfig, mesh: Mesh) -> list[Pr
     ref = state.params if cfg.loss.uses_reference else None
     layout = cfg.layout
     lead = (layout.num_minibatches, layout.num_microbatches)
-    b = _rows_per_micro(cfg)
+    b = rows_per_micro(cfg)
     step = jit_train_step(
         shardings, loss_cfg=cfg.loss, optim_cfg=cfg.optim, mesh=mesh, layout_kind=layout.kind
     )
