@@ -5,9 +5,9 @@ multi-host v5e-16 by the TPU compiler on this CPU host (`treegrpo-compile`, one 
 
 Every row is `configs/multihop.py` (512 prompts × (2,2,1) trees, 64-prompt mini-batches, buckets
 up to 4,096 tokens) with per-layer remat, attention in 512-query chunks and the weights and Adam
-moments sharded over all chips (FSDP: `mesh.shape=1,-1,1`), compiled at its largest bucket with the engine's programs; `--search`
-halves `run.prompts_per_step` / `run.rollout_slots` until each phase fits. Writes one JSON per row
-and `plans.md` (the table of docs/tpu.md).
+moments sharded over all chips (FSDP: `mesh.shape=1,-1,1`), compiled at its largest bucket with
+the engine's programs; `--search` halves `run.prompts_per_step` / `run.rollout_slots` until each
+phase fits. Writes one JSON per row and `plans.md` (the table of docs/tpu.md).
 """
 
 from __future__ import annotations
