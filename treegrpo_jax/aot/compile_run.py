@@ -165,11 +165,17 @@ def main(
     print(result.pop("_table"))
     print(f"predicted RL step (roofline bound): {result['predicted_step_s']:.2f} s")
     if not result["fits"] and search:
-        found = {}
-        for field, phase in (("prompts_per_step", "update"), ("rollout_slots", "rollout")):
-            if any(p["phase"] == phase and not p["fits"] for p in result["phases"]):
-                found[field] = _largest_fitting(cfg, model_cfg, devices, chip, field, phase, only)
+        # The engine's pool lives beside the update too: size the rollout first, then the update.
+        found, trial = {}, cfg
+        failed = {p["phase"] for p in result["phases"] if not p["fits"]}
+        for field, phase in (("rollout_slots", "rollout"), ("prompts_per_step", "update")):
+            if phase in failed or field == "prompts_per_step" and found:
+                found[field] = _largest_fitting(trial, model_cfg, devices, chip, field, phase, only)
                 print(f"largest run.{field} whose {phase} fits: {found[field]}")
+                if found[field]:
+                    trial = dataclasses.replace(
+                        trial, run=dataclasses.replace(trial.run, **{field: found[field]})
+                    )
         if all(found.values()):  # the two together, compiled once more: the plan that fits
             run = dataclasses.replace(cfg.run, rollout_slots=rollout_slots(cfg), **found)
             print(f"the run with {found}:", flush=True)
