@@ -112,3 +112,36 @@ def test_a_run_that_does_not_fit_exits_1_with_the_compilers_verdict(tmp_path):
     assert "DOES NOT FIT" in out.stdout
     report = json.loads((tmp_path / "r.json").read_text())
     assert not report["fits"] and report["phases"][0]["phase"] == "update"
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_search_sizes_the_pool_then_the_prompts_and_compiles_the_plan(tmp_path):
+    # SmolLM2-sized shapes (qwen2.5-0.5b) on 4 v5e chips: 64 slots of 32k-token context do not fit
+    # (replicated K/V: 64 × 32,768 × 12 KiB = 24 GiB per chip); the search halves the slots until
+    # the rollout fits, then keeps the prompts (the update fits beside that pool) and compiles both.
+    args = [
+        os.path.join("launch", "compile.py"),
+        "--config=configs/multihop.py",
+        "--topology=v5e:2x2",
+        "--config.model.path=qwen2.5-0.5b",
+        "--config.model.remat=layer",
+        "--config.mesh.shape=1,-1,1",
+        "--config.rl.length_buckets=512,32768",
+        "--config.run.context_len=32768",
+        "--config.run.prompts_per_step=4",
+        "--config.run.rollout_slots=64",
+        "--config.rl.num_minibatches=1",
+        "--config.rl.num_microbatches=1",
+        "--programs=rl_step T=512,decode,fork",
+        "--search",
+        f"--json={tmp_path / 'r.json'}",
+    ]
+    out = _run(args)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # as configured: no
+    report = json.loads((tmp_path / "r.json").read_text())
+    found = report["largest_fitting"]
+    assert 1 <= found["rollout_slots"] < 64 and found["prompts_per_step"] == 4
+    plan = found["plan"]
+    assert plan["fits"] and plan["rollout_slots"] == found["rollout_slots"]
+    assert "the run with" in out.stdout

@@ -304,3 +304,34 @@ def test_a_bad_shrink_to_names_itself(model, bad):
     # (a float is a TypeError from the tests' shape checker before the engine's own ValueError)
     with pytest.raises((ValueError, TypeError), match="shrink_to"):
         Engine(model, num_slots=2, max_len=16, shrink_to=bad)
+
+
+@pytest.mark.parametrize("layout", ["slots", "paged"])
+def test_released_pool_is_made_again_and_decodes_as_before(model, layout):
+    """`release_kv` between rollouts frees the pool; the next calls see an empty pool again, and
+    a slot still holding a sequence keeps the pool where it is."""
+    eng = Engine(model, num_slots=4, max_len=64, kv_layout=layout, page_size=8)
+    greedy = SamplingParams.make(2, greedy=True)
+    keys = jax.random.split(jax.random.key(0), 2)
+
+    def rollout():
+        slots = eng.allocate(2)
+        eng.append({slots[0]: [3, 1, 4, 1, 5], slots[1]: [9, 2, 6]})
+        branch = eng.allocate(1)
+        eng.fork([slots[0]], branch)
+        out = eng.decode(slots, max_new_tokens=6, sampling=greedy, keys=keys).tokens[:, :6].tolist()
+        eng.free(slots + branch)
+        return out
+
+    first = rollout()
+    assert first[0] == greedy_reference(model, [3, 1, 4, 1, 5], 6)
+    held = eng.allocate(1)
+    eng.append({held[0]: [7, 7]})
+    eng.release_kv()  # a slot holds a sequence: nothing is freed
+    assert eng._cache is not None
+    eng.free(held)
+    old = jax.tree.leaves(eng.cache)
+    eng.release_kv()
+    assert eng._cache is None and all(x.is_deleted() for x in old)
+    assert rollout() == first  # the pool is made again on first use
+    assert eng._cache is not None

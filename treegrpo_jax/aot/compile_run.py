@@ -96,7 +96,7 @@ def compile_all(cfg: TrainConfig, model_cfg: ModelConfig, devices: list, chip: C
     kv_dtype = "float32" if cfg.model.kv_dtype == "float32" else "bfloat16"
     cache_bytes = slots * cfg.run.context_len * kv_bytes_per_token(model_cfg, kv_dtype)  # replicated
     opt_bytes = per_device_bytes(abstract_opt_state(cfg, model_cfg, mesh))  # Adam's moments as sharded
-    ph = phases(reports, chip, cache_bytes=cache_bytes, opt_bytes=opt_bytes)
+    ph = phases(reports, chip, opt_bytes=opt_bytes)
     return {
         "mesh": dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)),
         "model": {"num_params": model_cfg.num_params, **dataclasses.asdict(model_cfg)},
@@ -165,7 +165,6 @@ def main(
     print(result.pop("_table"))
     print(f"predicted RL step (roofline bound): {result['predicted_step_s']:.2f} s")
     if not result["fits"] and search:
-        # The engine's pool lives beside the update too: size the rollout first, then the update.
         found, trial = {}, cfg
         failed = {p["phase"] for p in result["phases"] if not p["fits"]}
         for field, phase in (("rollout_slots", "rollout"), ("prompts_per_step", "update")):

@@ -4,9 +4,9 @@ Per program, from the TPU compiler itself: the HBM one device needs (arguments, 
 temporaries, generated code; donated arguments counted once), its FLOPs and bytes as
 `cost_analysis` gives them (a loop body counted once), and the compile's own verdict (a
 RESOURCE_EXHAUSTED when one program alone overflows the device). Per phase, what is live
-together: the update's step beside the engine's K/V pool (the engine lives for the whole run),
-a rollout's decode beside the Adam moments (the train state is not freed while it samples), and
-the cold start's step alone (the engine is made after it).
+together: a rollout's decode beside the Adam moments (the train state is not freed while it
+samples); the update and the cold start's step alone (the engine frees its K/V pool between
+rollouts, `Engine.release_kv`, and is made after the cold start).
 
 The predicted time of a program is the roofline bound of its hand count
 (`programs.Program`): max(FLOPs / peak, HBM bytes / bandwidth) over the devices together — a
@@ -111,7 +111,7 @@ def phases(
     reports: list[ProgramReport], chip: Chip, *, cache_bytes: int, opt_bytes: int
 ) -> list[PhaseReport]:
     """Per phase, its peak with what is live beside it (see the module docstring)."""
-    beside = {"update": cache_bytes, "rollout": opt_bytes, "cold_start": 0}
+    beside = {"update": 0, "rollout": opt_bytes, "cold_start": 0}
     out = []
     for phase in ("cold_start", "rollout", "update"):
         mine = [r for r in reports if r.phase == phase]

@@ -434,17 +434,10 @@ class Engine:
                 pages_per_seq=max_len // page_size,
                 page_size=page_size,
             )
-            self.cache = init_paged_cache(
-                model.cfg,
-                num_slots=num_slots,
-                max_len=max_len,
-                num_pages=num_pages,
-                page_size=page_size,
-                dtype=self.kv_dtype,
-            )
+            self._num_pages, self._page_size = num_pages, page_size
         else:
             self.pool = None
-            self.cache = init_cache(model.cfg, num_slots, max_len, dtype=self.kv_dtype)
+        self._cache = self._new_cache()
         # K/V bytes of one token (all layers, K and V): what a page or slot costs per position.
         self.kv_bytes_per_token = 2 * model.cfg.num_layers * model.cfg.num_kv_heads * model.cfg.head_dim
         self.kv_bytes_per_token *= self.kv_dtype.itemsize
@@ -457,6 +450,44 @@ class Engine:
         # stop strings across the calls. A new step (after `append` or `fork`) starts empty.
         self.windows = np.zeros((num_slots, self.stop_table.width), np.uint8)
         self.stats = EngineStats()
+
+    # ------------------------------------------------------------------ K/V pool
+    def _new_cache(self) -> KVCache | PagedKVCache:
+        if self.paged:
+            return init_paged_cache(
+                self.cfg,
+                num_slots=self.num_slots,
+                max_len=self.max_len,
+                num_pages=self._num_pages,
+                page_size=self._page_size,
+                dtype=self.kv_dtype,
+            )
+        return init_cache(self.cfg, self.num_slots, self.max_len, dtype=self.kv_dtype)
+
+    @property
+    def cache(self) -> KVCache | PagedKVCache:
+        """The device K/V pool; made again (empty) on first use after `release_kv`."""
+        if self._cache is None:
+            self._cache = self._new_cache()
+            self._stale_lengths = set()  # every device length is 0 again, as the host's free slots
+            if self.pool:
+                self.pool.table_changed = True  # the new pool's page table is pushed before use
+        return self._cache
+
+    @cache.setter
+    def cache(self, value: KVCache | PagedKVCache) -> None:
+        self._cache = value
+
+    def release_kv(self) -> None:
+        """Frees the K/V pool's device memory until the engine's next call, when every slot is free
+        (between rollouts): the train step can then use that memory, which on an accelerator is
+        as much as the step's own (docs/tpu.md). Does nothing while a slot holds a sequence."""
+        if self._cache is None or self.num_free < self.num_slots:
+            return
+        for x in jax.tree.leaves(self._cache):
+            if isinstance(x, jax.Array) and not x.is_deleted():
+                x.delete()
+        self._cache = None
 
     # ------------------------------------------------------------------ slots
     @property

@@ -373,6 +373,9 @@ class Trainer:
         with region("batch"):
             batch = multihost.step_batch(trees, self.layout, self.mesh, first_prompt, self.shapes)
         with region("update"):
+            # The pool is empty between rollouts: its memory goes to the step (made again at the
+            # next engine call), which is what lets a long-context step fit beside a wide pool.
+            self.engine.release_kv()
             state, train_metrics = step_fn(run.state, batch, run.reference)
             # The next rollout samples from the updated policy (the same arrays on one process).
             self.engine.set_params(multihost.local_params(state.params))
