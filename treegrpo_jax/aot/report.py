@@ -103,13 +103,11 @@ class PhaseReport:
     phase: str
     program: str  # the program at the phase's peak
     peak_bytes: int
-    beside_bytes: int  # what else is live (the K/V pool, the Adam moments)
+    beside_bytes: int  # what else is live (the Adam moments beside a rollout)
     fits: bool
 
 
-def phases(
-    reports: list[ProgramReport], chip: Chip, *, cache_bytes: int, opt_bytes: int
-) -> list[PhaseReport]:
+def phases(reports: list[ProgramReport], chip: Chip, *, opt_bytes: int) -> list[PhaseReport]:
     """Per phase, its peak with what is live beside it (see the module docstring)."""
     beside = {"update": 0, "rollout": opt_bytes, "cold_start": 0}
     out = []
