@@ -176,7 +176,7 @@ def main(
                         trial, run=dataclasses.replace(trial.run, **{field: found[field]})
                     )
         if all(found.values()):  # the two together, compiled once more: the plan that fits
-            run = dataclasses.replace(cfg.run, rollout_slots=rollout_slots(cfg), **found)
+            run = dataclasses.replace(cfg.run, **({"rollout_slots": rollout_slots(cfg)} | found))
             print(f"the run with {found}:", flush=True)
             plan = compile_all(dataclasses.replace(cfg, run=run), model_cfg, devices, chip, only=only)
             print(plan.pop("_table"))
