@@ -14,7 +14,8 @@ import pytest
 _ROOT = pathlib.Path(__file__).parents[1]
 _PACKAGE = _ROOT / "treegrpo_jax"
 # Imported only when asked for (a one-line warning otherwise): not a requirement.
-_OPTIONAL = {"wandb"}
+# libtpu: the TPU compiler of `treegrpo-compile`, from the [tpu] extra or beside the venv.
+_OPTIONAL = {"wandb", "libtpu"}
 # Needed by a default path but never imported by name: transformers' apply_chat_template needs
 # Jinja2 (the pretrained path, `treegrpo-generate`).
 _INDIRECT = {"jinja2"}
