@@ -113,16 +113,22 @@ def compile_all(cfg: TrainConfig, model_cfg: ModelConfig, devices: list, chip: C
 
 
 def _largest_fitting(cfg: TrainConfig, model_cfg, devices, chip, field: str, phase: str, only=()) -> int:
-    """Halves `run.<field>` from the config's value until `phase` fits (0: not even 1 fits)."""
+    """Halves `run.<field>` from the config's value until `phase` fits, down to the least the config
+    allows (rollout slots: one prompt's leaves); 0 when nothing fits."""
     value = getattr(cfg.run, field) or rollout_slots(cfg)
+    floor = cfg.tree.leaves_per_prompt if field == "rollout_slots" else 1
     mine = {"update": ("rl_step",), "rollout": ("decode", "append", "fork")}[phase]
     only = tuple(o for o in only if o.startswith(mine)) or mine  # the programs asked for, of that phase
     rows = None
-    while value >= 1:
-        trial = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, **{field: value}))
-        if field == "prompts_per_step" and trial.run.rollout_slots == 0:
-            run = dataclasses.replace(trial.run, rollout_slots=rollout_slots(cfg))
-            trial = dataclasses.replace(trial, run=run)
+    while value >= floor:
+        try:
+            run = dataclasses.replace(cfg.run, **{field: value})
+            if field == "prompts_per_step" and run.rollout_slots == 0:
+                run = dataclasses.replace(run, rollout_slots=rollout_slots(cfg))
+            trial = dataclasses.replace(cfg, run=run)
+        except ValueError as e:  # the config's own checks (e.g. prompts per mini-batch)
+            print(f"search: stops before run.{field}={value}: {e}")
+            return 0
         if field == "prompts_per_step":  # fewer prompts help only while they mean fewer rows
             if rows_per_micro(trial) == rows:
                 print(f"search: {rows} rows per micro-batch is the least `rl.row_multiple` allows")
@@ -132,7 +138,7 @@ def _largest_fitting(cfg: TrainConfig, model_cfg, devices, chip, field: str, pha
         result = compile_all(trial, model_cfg, devices, chip, only=only)
         if all(p["fits"] for p in result["phases"] if p["phase"] == phase):
             return value
-        value //= 2
+        value = floor if value // 2 < floor < value else value // 2
     return 0
 
 
@@ -187,5 +193,12 @@ def main(
         result.pop("_table", None)
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2, default=str)
-    print("fits" if result["fits"] else "DOES NOT FIT (see the phases above)")
+    plan = result.get("largest_fitting", {}).get("plan")
+    if result["fits"]:
+        print("fits")
+    elif plan and plan["fits"]:
+        found = {k: v for k, v in result["largest_fitting"].items() if k != "plan"}
+        print(f"DOES NOT FIT as configured; fits with {found}")
+    else:
+        print("DOES NOT FIT (see the phases above)")
     return 0 if result["fits"] else 1
