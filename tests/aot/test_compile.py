@@ -117,31 +117,26 @@ def test_a_run_that_does_not_fit_exits_1_with_the_compilers_verdict(tmp_path):
 @needs_libtpu
 @pytest.mark.slow
 def test_search_sizes_the_pool_then_the_prompts_and_compiles_the_plan(tmp_path):
-    # SmolLM2-sized shapes (qwen2.5-0.5b) on 4 v5e chips: 64 slots of 32k-token context do not fit
-    # (replicated K/V: 64 × 32,768 × 12 KiB = 24 GiB per chip); the search halves the slots until
-    # the rollout fits, then keeps the prompts (the update fits beside that pool) and compiles both.
+    # `:tiny` with a 131,072-token context on 4 v5e chips: 256 slots of replicated bf16 K/V are
+    # 32 GiB per chip (1 KiB a token); the search halves the slots until the rollout fits, keeps the
+    # prompts (the update alone fits) and compiles the two together.
     args = [
         os.path.join("launch", "compile.py"),
-        "--config=configs/multihop.py",
+        "--config=configs/multihop.py:tiny",
         "--topology=v5e:2x2",
-        "--config.model.path=qwen2.5-0.5b",
-        "--config.model.remat=layer",
-        "--config.mesh.shape=1,-1,1",
-        "--config.rl.length_buckets=512,32768",
-        "--config.run.context_len=32768",
-        "--config.run.prompts_per_step=4",
-        "--config.run.rollout_slots=64",
-        "--config.rl.num_minibatches=1",
-        "--config.rl.num_microbatches=1",
-        "--programs=rl_step T=512,decode,fork",
+        "--config.rl.length_buckets=128,131072",
+        "--config.run.context_len=131072",
+        "--config.run.rollout_slots=256",
+        "--programs=rl_step T=128,decode,fork",
         "--search",
         f"--json={tmp_path / 'r.json'}",
     ]
-    out = _run(args)
+    out = _run(args, timeout=1200)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # as configured: no
     report = json.loads((tmp_path / "r.json").read_text())
+    assert not report["fits"] and report["kv_pool_bytes"] == 256 * 131072 * 1024
     found = report["largest_fitting"]
-    assert 1 <= found["rollout_slots"] < 64 and found["prompts_per_step"] == 4
+    assert 6 <= found["rollout_slots"] < 256 and found["prompts_per_step"] == 8
     plan = found["plan"]
     assert plan["fits"] and plan["rollout_slots"] == found["rollout_slots"]
-    assert "the run with" in out.stdout
+    assert "fits with" in out.stdout.splitlines()[-1]
